@@ -1,0 +1,89 @@
+"""The ``Family`` record and small helpers shared by the family modules.
+
+An exponential family is written (Khan & Lin 2017, "Conjugate-Computation
+Variational Inference", Sec. 2 and App. C, ``papers/004_*``)
+
+    q(z | lam) = h(z) exp(<phi(z), lam> - A(lam)),      mu = E_q[phi(z)] = grad A(lam).
+
+A family is a record of pure JAX functions over tuples of arrays (pytrees),
+batched over arbitrary leading batch dimensions.  The layouts of ``lam`` and
+``mu`` for every family are fixed in ``docs/internals.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jax.scipy.linalg import solve_triangular
+from numpyro import distributions as dist
+from numpyro.distributions.distribution import (
+    ExpandedDistribution,
+    Independent,
+    MaskedDistribution,
+)
+
+__all__ = ["Family", "unwrap_distribution", "cho_solve", "symmetrize"]
+
+
+class Family(NamedTuple):
+    """An exponential family as a record of pure functions (see ``docs/internals.md``).
+
+    Shapes: ``batch`` are leading (plate) dimensions, ``event`` are the
+    ``event_ndim`` trailing dimensions of one value ``z``.
+    """
+
+    name: str  # "Normal", "MultivariateNormal", "Gamma", "Beta", "Dirichlet", "Categorical", "Bernoulli"
+    event_ndim: int  # 0: one family per array element; 1: the last axis is one event
+    sufficient_statistics: Callable  # phi(z) -> tuple of arrays
+    natural_to_mean: Callable  # lam -> mu   (tuples, same structure)
+    mean_to_natural: Callable  # mu  -> lam
+    log_partition: Callable  # lam -> A(lam), shape batch
+    log_base_measure: Callable  # z -> log h(z), shape batch
+    entropy: Callable  # lam -> H[q], shape batch
+    sample: Callable  # (rng_key, lam, sample_shape=()) -> z, shape sample_shape + batch + event
+    to_numpyro: Callable  # lam -> numpyro Distribution (batch_shape = batch, event_shape = event)
+    from_numpyro: Callable  # numpyro Distribution of the matching type -> lam
+    is_valid: Callable  # lam -> bool array, shape batch: lam inside the natural domain
+    moment_nodes: Callable  # mu -> (nodes, weights)
+
+
+def unwrap_distribution(d: dist.Distribution) -> dist.Distribution:
+    """Strip ``ExpandedDistribution``, ``Independent`` and ``MaskedDistribution`` wrappers.
+
+    Returns the innermost distribution.  Its parameters broadcast against the
+    wrapped distribution's ``batch_shape + event_shape`` (numpy rules, right
+    aligned), which is how the families' ``from_numpyro`` read them.  A mask
+    only affects ``log_prob``, so it is ignored here.
+    """
+    while isinstance(d, ExpandedDistribution | Independent | MaskedDistribution):
+        d = d.base_dist
+    return d
+
+
+def symmetrize(a: jnp.ndarray) -> jnp.ndarray:
+    """``(a + a^T) / 2`` over the last two axes. Shape ``(..., D, D)`` -> same."""
+    return 0.5 * (a + jnp.swapaxes(a, -1, -2))
+
+
+def cho_solve(chol: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
+    """Solve ``(L L^T) x = b`` given the lower Cholesky factor ``L``.
+
+    Args:
+        chol: ``(..., D, D)`` lower triangular.
+        b: ``(..., D)`` (vector right-hand side) or ``(..., D, K)``.
+
+    Returns:
+        ``x`` with the broadcast batch shape of ``chol`` and ``b``; trailing
+        shape ``(D,)`` or ``(D, K)`` like ``b``.
+    """
+    vector = b.ndim == chol.ndim - 1
+    if vector:
+        b = b[..., None]
+    batch = jnp.broadcast_shapes(chol.shape[:-2], b.shape[:-2])
+    chol = jnp.broadcast_to(chol, batch + chol.shape[-2:])
+    b = jnp.broadcast_to(b, batch + b.shape[-2:])
+    y = solve_triangular(chol, b, lower=True)
+    x = solve_triangular(chol, y, lower=True, trans="T")
+    return x[..., 0] if vector else x

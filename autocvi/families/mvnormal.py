@@ -1,0 +1,176 @@
+"""Multivariate Normal with full covariance over the last axis (``event_ndim`` 1).
+
+    phi(z) = (z, z z^T),  lam = (P m, -P / 2) with P = S^{-1},  mu = (m, S + m m^T),
+    A(lam) = lam1^T P^{-1} lam1 / 2 - log det P / 2,  log h(z) = -D log(2 pi) / 2.
+
+Shapes: ``lam[0]``, ``mu[0]``: ``batch + (D,)``; ``lam[1]``, ``mu[1]``:
+``batch + (D, D)``.  ``lam[1]`` is symmetrised before use, so the gradient of
+``A`` w.r.t. it is the symmetric ``S + m m^T``.  Inverses are computed with
+Cholesky solves.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from numpyro import distributions as dist
+
+from .base import Family, cho_solve, symmetrize, unwrap_distribution
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+def _eye_like(a):
+    return jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
+
+
+def _logdet_from_chol(chol):
+    return 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol, axis1=-2, axis2=-1)), axis=-1)
+
+
+def sufficient_statistics(z):
+    """``phi(z) = (z, z z^T)``: shapes ``batch + (D,)`` and ``batch + (D, D)``."""
+    return (z, z[..., :, None] * z[..., None, :])
+
+
+def _precision_chol(lam):
+    eta1, eta2 = lam
+    prec = -2.0 * symmetrize(eta2)
+    return eta1, prec, jnp.linalg.cholesky(prec)
+
+
+def _mean_cov(lam):
+    eta1, prec, chol_p = _precision_chol(lam)
+    m = cho_solve(chol_p, eta1)
+    cov = symmetrize(cho_solve(chol_p, _eye_like(prec)))
+    return m, cov, chol_p
+
+
+def natural_to_mean(lam):
+    """``(P m, -P/2) -> (m, S + m m^T)``; shapes ``batch + (D,)``, ``batch + (D, D)``."""
+    m, cov, _ = _mean_cov(lam)
+    return (m, cov + m[..., :, None] * m[..., None, :])
+
+
+def mean_to_natural(mu):
+    """``(m, S + m m^T) -> (S^{-1} m, -S^{-1}/2)`` via a Cholesky factor of ``S``."""
+    m, mu2 = mu
+    cov = symmetrize(mu2 - m[..., :, None] * m[..., None, :])
+    chol = jnp.linalg.cholesky(cov)
+    eta1 = cho_solve(chol, m)
+    prec = symmetrize(cho_solve(chol, _eye_like(cov)))
+    return (eta1, -0.5 * prec)
+
+
+def log_partition(lam):
+    """``A(lam) = lam1^T P^{-1} lam1 / 2 - log det P / 2`` with ``P = -2 lam2``; shape ``batch``."""
+    eta1, _, chol_p = _precision_chol(lam)
+    m = cho_solve(chol_p, eta1)
+    return 0.5 * jnp.sum(eta1 * m, axis=-1) - 0.5 * _logdet_from_chol(chol_p)
+
+
+def log_base_measure(z):
+    """``log h(z) = -D log(2 pi) / 2``; shape ``z.shape[:-1]``."""
+    d = z.shape[-1]
+    return jnp.full(z.shape[:-1], -0.5 * d * _LOG_2PI, dtype=jnp.result_type(z, float))
+
+
+def entropy(lam):
+    """``H = D (1 + log 2 pi) / 2 - log det P / 2``; shape ``batch``."""
+    eta1, _, chol_p = _precision_chol(lam)
+    d = eta1.shape[-1]
+    return 0.5 * d * (1.0 + _LOG_2PI) - 0.5 * _logdet_from_chol(chol_p)
+
+
+def sample(rng_key, lam, sample_shape=()):
+    """Reparameterised draw ``m + L eps`` with ``L L^T = S``; shape ``sample_shape + batch + (D,)``."""
+    m, cov, _ = _mean_cov(lam)
+    chol = jnp.linalg.cholesky(cov)
+    batch = jnp.broadcast_shapes(m.shape[:-1], chol.shape[:-2])
+    shape = tuple(sample_shape) + batch + m.shape[-1:]
+    eps = jax.random.normal(rng_key, shape, dtype=m.dtype)
+    return m + jnp.einsum("...ij,...j->...i", chol, eps)
+
+
+def to_numpyro(lam):
+    """``dist.MultivariateNormal(m, precision_matrix=P)``; batch ``batch``, event ``(D,)``."""
+    eta1, prec, chol_p = _precision_chol(lam)
+    m = cho_solve(chol_p, eta1)
+    return dist.MultivariateNormal(m, precision_matrix=prec)
+
+
+def from_numpyro(d):
+    """Natural parameters of a ``dist.MultivariateNormal`` or of a ``dist.Normal`` with one event dim.
+
+    Accepts ``ExpandedDistribution`` / ``Independent`` / ``MaskedDistribution``
+    wrappers.  A ``Normal(...).to_event(1)`` gives a diagonal precision.
+    Returns ``(batch + (D,), batch + (D, D))`` with
+    ``batch + (D,) = d.batch_shape + d.event_shape``.
+    """
+    base = unwrap_distribution(d)
+    shape = tuple(d.batch_shape) + tuple(d.event_shape)
+    if isinstance(base, dist.MultivariateNormal):
+        chol = base.scale_tril
+        eta1 = cho_solve(chol, base.loc)
+        prec = symmetrize(cho_solve(chol, _eye_like(chol)))
+        eta1 = jnp.broadcast_to(eta1, shape)
+        prec = jnp.broadcast_to(prec, shape + shape[-1:])
+        return (eta1, -0.5 * prec)
+    if isinstance(base, dist.Normal):
+        if len(d.event_shape) != 1:
+            raise ValueError(
+                "MultivariateNormal.from_numpyro needs a Normal with exactly one event "
+                f"dimension, got event_shape {d.event_shape}"
+            )
+        inv_v = jnp.broadcast_to(1.0 / base.scale**2, shape)
+        m = jnp.broadcast_to(base.loc, shape)
+        eye = jnp.eye(shape[-1], dtype=inv_v.dtype)
+        return (m * inv_v, -0.5 * inv_v[..., :, None] * eye)
+    raise TypeError(
+        f"MultivariateNormal.from_numpyro expects MultivariateNormal or Normal, got {type(base).__name__}"
+    )
+
+
+def is_valid(lam):
+    """``-lam2`` positive definite (finite Cholesky) and ``lam1`` finite; bool of shape ``batch``."""
+    eta1, _, chol_p = _precision_chol(lam)
+    ok_chol = jnp.all(jnp.isfinite(chol_p), axis=(-2, -1))
+    ok_diag = jnp.all(jnp.diagonal(chol_p, axis1=-2, axis2=-1) > 0, axis=-1)
+    return ok_chol & ok_diag & jnp.all(jnp.isfinite(eta1), axis=-1)
+
+
+def moment_nodes(mu):
+    """Sigma points ``m +- sqrt(D) L e_j`` (``L L^T = S``), weights ``1/(2D)``.
+
+    Returns ``nodes`` of shape ``(2D,) + batch + (D,)`` and ``weights`` of shape
+    ``(2D,) + batch``.  ``S = mu2 - m m^T`` is symmetrised before the Cholesky.
+    """
+    m, mu2 = mu
+    d = m.shape[-1]
+    cov = symmetrize(mu2 - m[..., :, None] * m[..., None, :])
+    chol = jnp.linalg.cholesky(cov)
+    batch = jnp.broadcast_shapes(m.shape[:-1], chol.shape[:-2])
+    m = jnp.broadcast_to(m, batch + (d,))
+    cols = math.sqrt(d) * jnp.moveaxis(jnp.broadcast_to(chol, batch + (d, d)), -1, 0)
+    nodes = jnp.concatenate([m[None] + cols, m[None] - cols], axis=0)
+    weights = jnp.full((2 * d,) + batch, 1.0 / (2 * d), dtype=nodes.dtype)
+    return nodes, weights
+
+
+MultivariateNormal = Family(
+    name="MultivariateNormal",
+    event_ndim=1,
+    sufficient_statistics=sufficient_statistics,
+    natural_to_mean=natural_to_mean,
+    mean_to_natural=mean_to_natural,
+    log_partition=log_partition,
+    log_base_measure=log_base_measure,
+    entropy=entropy,
+    sample=sample,
+    to_numpyro=to_numpyro,
+    from_numpyro=from_numpyro,
+    is_valid=is_valid,
+    moment_nodes=moment_nodes,
+)

@@ -1,0 +1,123 @@
+"""Univariate Normal, independent over every element of a site (``event_ndim`` 0).
+
+    phi(z) = (z, z^2),  lam = (m / v, -1 / (2 v)),  mu = (m, m^2 + v),
+    A(lam) = -lam1^2 / (4 lam2) - log(-2 lam2) / 2,  log h(z) = -log(2 pi) / 2.
+
+All arrays have shape ``batch`` (the site's full value shape).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from numpyro import distributions as dist
+
+from .base import Family, unwrap_distribution
+
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def sufficient_statistics(z):
+    """``phi(z) = (z, z^2)``; each of shape ``z.shape``."""
+    return (z, z * z)
+
+
+def _mean_var(lam):
+    eta1, eta2 = lam
+    v = -0.5 / eta2
+    return eta1 * v, v
+
+
+def natural_to_mean(lam):
+    """``(m/v, -1/(2v)) -> (m, m^2 + v)``; shapes ``batch``."""
+    m, v = _mean_var(lam)
+    return (m, m * m + v)
+
+
+def mean_to_natural(mu):
+    """``(m, m^2 + v) -> (m/v, -1/(2v))``; shapes ``batch``."""
+    m, mu2 = mu
+    v = mu2 - m * m
+    return (m / v, -0.5 / v)
+
+
+def log_partition(lam):
+    """``A(lam) = -lam1^2/(4 lam2) - log(-2 lam2)/2``; shape ``batch``."""
+    eta1, eta2 = lam
+    return -0.25 * eta1 * eta1 / eta2 - 0.5 * jnp.log(-2.0 * eta2)
+
+
+def log_base_measure(z):
+    """``log h(z) = -log(2 pi)/2``; shape ``z.shape``."""
+    return jnp.full(jnp.shape(z), -_HALF_LOG_2PI, dtype=jnp.result_type(z, float))
+
+
+def entropy(lam):
+    """``H = log(2 pi e v)/2``; shape ``batch``."""
+    _, v = _mean_var(lam)
+    return 0.5 * jnp.log(v) + _HALF_LOG_2PI + 0.5
+
+
+def sample(rng_key, lam, sample_shape=()):
+    """Reparameterised draw ``m + sqrt(v) eps``; shape ``sample_shape + batch``."""
+    m, v = _mean_var(lam)
+    m, v = jnp.broadcast_arrays(m, v)
+    eps = jax.random.normal(rng_key, tuple(sample_shape) + m.shape, dtype=m.dtype)
+    return m + jnp.sqrt(v) * eps
+
+
+def to_numpyro(lam):
+    """``dist.Normal(m, sqrt(v))`` with ``batch_shape = batch``."""
+    m, v = _mean_var(lam)
+    return dist.Normal(m, jnp.sqrt(v))
+
+
+def from_numpyro(d):
+    """Natural parameters of a (possibly expanded/independent/masked) ``dist.Normal``.
+
+    Returns ``lam`` with shapes ``d.batch_shape + d.event_shape``.
+    """
+    base = unwrap_distribution(d)
+    if not isinstance(base, dist.Normal):
+        raise TypeError(f"Normal.from_numpyro expects a numpyro Normal, got {type(base).__name__}")
+    shape = tuple(d.batch_shape) + tuple(d.event_shape)
+    v = jnp.broadcast_to(base.scale**2, shape)
+    m = jnp.broadcast_to(base.loc, shape)
+    return (m / v, -0.5 / v)
+
+
+def is_valid(lam):
+    """``lam2 < 0`` and both finite; bool of shape ``batch``."""
+    eta1, eta2 = lam
+    return (eta2 < 0) & jnp.isfinite(eta1) & jnp.isfinite(eta2)
+
+
+def moment_nodes(mu):
+    """Two nodes ``m -+ sqrt(v)`` with weights 1/2 (exact for functions affine in ``phi``).
+
+    Returns ``nodes`` of shape ``(2,) + batch`` and ``weights`` of shape ``(2,) + batch``.
+    """
+    m, mu2 = jnp.broadcast_arrays(*mu)
+    s = jnp.sqrt(jnp.maximum(mu2 - m * m, 0.0))
+    nodes = jnp.stack([m - s, m + s])
+    weights = jnp.full_like(nodes, 0.5)
+    return nodes, weights
+
+
+Normal = Family(
+    name="Normal",
+    event_ndim=0,
+    sufficient_statistics=sufficient_statistics,
+    natural_to_mean=natural_to_mean,
+    mean_to_natural=mean_to_natural,
+    log_partition=log_partition,
+    log_base_measure=log_base_measure,
+    entropy=entropy,
+    sample=sample,
+    to_numpyro=to_numpyro,
+    from_numpyro=from_numpyro,
+    is_valid=is_valid,
+    moment_nodes=moment_nodes,
+)
