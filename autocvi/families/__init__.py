@@ -1,0 +1,99 @@
+"""Exponential families as records of pure JAX functions (see ``docs/internals.md``).
+
+Each family is a :class:`Family` instance; ``FAMILIES`` maps its name to it.
+``family_for_distribution`` picks the family of a numpyro distribution and
+``natural_from_prior`` reads its natural parameters.
+"""
+
+from __future__ import annotations
+
+from numpyro import distributions as dist
+
+from .base import Family, unwrap_distribution
+from .bernoulli import Bernoulli
+from .beta import Beta
+from .categorical import Categorical
+from .dirichlet import Dirichlet
+from .gamma import Gamma
+from .mvnormal import MultivariateNormal
+from .normal import Normal
+
+__all__ = [
+    "Family",
+    "Normal",
+    "MultivariateNormal",
+    "Gamma",
+    "Beta",
+    "Dirichlet",
+    "Categorical",
+    "Bernoulli",
+    "FAMILIES",
+    "family_for_distribution",
+    "natural_from_prior",
+    "unwrap_distribution",
+]
+
+FAMILIES: dict[str, Family] = {
+    f.name: f for f in (Normal, MultivariateNormal, Gamma, Beta, Dirichlet, Categorical, Bernoulli)
+}
+
+# numpyro base type -> family, tried in order (isinstance, so e.g. Chi2 -> Gamma).
+_BY_TYPE: tuple[tuple[type | tuple[type, ...], Family], ...] = (
+    (dist.MultivariateNormal, MultivariateNormal),
+    ((dist.Gamma, dist.Exponential), Gamma),
+    (dist.Beta, Beta),
+    (dist.Dirichlet, Dirichlet),
+    ((dist.CategoricalProbs, dist.CategoricalLogits), Categorical),
+    ((dist.BernoulliProbs, dist.BernoulliLogits), Bernoulli),
+)
+
+
+def family_for_distribution(d: dist.Distribution) -> Family | None:
+    """The family of a numpyro distribution, or ``None`` if none matches.
+
+    ``ExpandedDistribution``, ``Independent`` and ``MaskedDistribution``
+    wrappers are unwrapped first.  A ``Normal`` gives ``Normal`` (elementwise)
+    when the wrapped distribution has no event dimensions and
+    ``MultivariateNormal`` (over the last axis) when it has exactly one; with
+    two or more event dimensions it gives ``None``.  ``Exponential`` gives
+    ``Gamma``; ``CategoricalProbs``/``CategoricalLogits`` give ``Categorical``;
+    ``BernoulliProbs``/``BernoulliLogits`` give ``Bernoulli``.  Subclasses
+    match their parent (``Chi2`` -> Gamma, ``BetaProportion`` -> Beta,
+    ``OrderedLogistic`` -> Categorical).
+    """
+    base = unwrap_distribution(d)
+    if isinstance(base, dist.Normal):
+        n_event = len(d.event_shape)
+        if n_event == 0:
+            return Normal
+        if n_event == 1:
+            return MultivariateNormal
+        return None
+    for types, family in _BY_TYPE:
+        if isinstance(base, types):
+            return family
+    return None
+
+
+def natural_from_prior(d: dist.Distribution) -> tuple:
+    """Natural parameters ``lam`` of a numpyro distribution in its family's layout.
+
+    Shapes follow the wrapped distribution: for elementwise families each
+    array has shape ``d.batch_shape + d.event_shape``; for
+    ``MultivariateNormal`` ``(batch + (D,), batch + (D, D))`` and for
+    ``Dirichlet`` ``batch + (K,)`` with ``batch + (D,)`` / ``batch + (K,)`` equal to
+    ``d.batch_shape + d.event_shape``; for ``Categorical``
+    ``d.batch_shape + d.event_shape + (K,)``.  ``Exponential(rate)`` is read as
+    ``Gamma(1, rate)`` and ``Normal(...).to_event(1)`` as a
+    ``MultivariateNormal`` with diagonal precision.
+
+    Raises:
+        TypeError: if ``family_for_distribution(d)`` is ``None``.
+    """
+    family = family_for_distribution(d)
+    if family is None:
+        raise TypeError(
+            f"natural_from_prior: no exponential family for {type(unwrap_distribution(d)).__name__} "
+            f"with event_shape {tuple(d.event_shape)}; supported: {', '.join(FAMILIES)}"
+        )
+    return family.from_numpyro(d)

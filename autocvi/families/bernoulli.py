@@ -1,0 +1,104 @@
+"""Bernoulli, independent over every element (``event_ndim`` 0).
+
+    phi(z) = (z,),  lam = (logit p,),  mu = (p,),  A(lam) = softplus(logit p),  log h(z) = 0.
+
+All arrays have shape ``batch``; values are 0/1 integers (``int32``, like numpyro).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from numpyro import distributions as dist
+
+from .base import Family, unwrap_distribution
+
+
+def sufficient_statistics(z):
+    """``phi(z) = (z,)`` as a float array of shape ``z.shape``."""
+    return (jnp.asarray(z, dtype=jnp.result_type(z, float)),)
+
+
+def natural_to_mean(lam):
+    """``(logit p,) -> (p,)``; shape ``batch``."""
+    return (jax.nn.sigmoid(lam[0]),)
+
+
+def mean_to_natural(mu):
+    """``(p,) -> (log p - log(1 - p),)``; shape ``batch``.
+
+    ``p`` is clipped to ``[tiny, 1 - eps]`` so that the logit stays finite.
+    """
+    p = mu[0]
+    fi = jnp.finfo(p.dtype)
+    p = jnp.clip(p, fi.tiny, 1.0 - fi.epsneg)
+    return (jnp.log(p) - jnp.log1p(-p),)
+
+
+def log_partition(lam):
+    """``A = softplus(logit) = log(1 + e^logit)``; shape ``batch``."""
+    return jax.nn.softplus(lam[0])
+
+
+def log_base_measure(z):
+    """``log h(z) = 0``; shape ``z.shape``."""
+    return jnp.zeros(jnp.shape(z), dtype=jnp.result_type(float))
+
+
+def entropy(lam):
+    """``H = softplus(logit) - p * logit``; shape ``batch``."""
+    logits = lam[0]
+    return jax.nn.softplus(logits) - jax.nn.sigmoid(logits) * logits
+
+
+def sample(rng_key, lam, sample_shape=()):
+    """0/1 ``int32`` draws; shape ``sample_shape + batch`` (not reparameterisable)."""
+    logits = lam[0]
+    shape = tuple(sample_shape) + jnp.shape(logits)
+    return jax.random.bernoulli(rng_key, jax.nn.sigmoid(logits), shape).astype(jnp.int32)
+
+
+def to_numpyro(lam):
+    """``dist.Bernoulli(logits=logit)`` with ``batch_shape = batch``."""
+    return dist.Bernoulli(logits=lam[0])
+
+
+def from_numpyro(d):
+    """Logits of a (wrapped) ``BernoulliProbs``/``BernoulliLogits``; shape ``d.batch_shape + d.event_shape``."""
+    base = unwrap_distribution(d)
+    if not isinstance(base, dist.BernoulliProbs | dist.BernoulliLogits):
+        raise TypeError(f"Bernoulli.from_numpyro expects Bernoulli, got {type(base).__name__}")
+    shape = tuple(d.batch_shape) + tuple(d.event_shape)
+    return (jnp.broadcast_to(base.logits, shape),)
+
+
+def is_valid(lam):
+    """Logit finite; bool of shape ``batch``."""
+    return jnp.isfinite(lam[0])
+
+
+def moment_nodes(mu):
+    """Nodes ``0, 1`` (``int32``) with weights ``1 - p, p``; both of shape ``(2,) + batch``."""
+    p = mu[0]
+    weights = jnp.stack([1.0 - p, p])
+    nodes = jnp.broadcast_to(
+        jnp.arange(2, dtype=jnp.int32).reshape((2,) + (1,) * p.ndim), weights.shape
+    )
+    return nodes, weights
+
+
+Bernoulli = Family(
+    name="Bernoulli",
+    event_ndim=0,
+    sufficient_statistics=sufficient_statistics,
+    natural_to_mean=natural_to_mean,
+    mean_to_natural=mean_to_natural,
+    log_partition=log_partition,
+    log_base_measure=log_base_measure,
+    entropy=entropy,
+    sample=sample,
+    to_numpyro=to_numpyro,
+    from_numpyro=from_numpyro,
+    is_valid=is_valid,
+    moment_nodes=moment_nodes,
+)
