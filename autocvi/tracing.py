@@ -1,11 +1,12 @@
 """Turn a NumPyro model and its data into a :class:`~autocvi.graph.FactorGraph`.
 
 The model is run once under NumPyro's ``seed`` and ``trace`` handlers to
-record its sites and plates. Each factor's dependencies on latent sites are
-then read off the jaxpr of its log density (a backward liveness pass), which
-sees through ``numpyro.deterministic``, ``lax.scan`` and any JAX code between
-sites, and also finds the ``numpyro.param`` sites a factor uses. No inference
-happens here.
+record its sites and plates. The factors' dependencies on latent sites are
+then read off one jaxpr of all the factors' log densities, by dead-code
+elimination per factor (which enters ``jit``, ``scan``, ``cond`` and custom
+derivative calls), so they see through ``numpyro.deterministic``,
+``contrib.control_flow.scan`` and any JAX code between sites; the same pass
+finds the ``numpyro.param`` sites a factor uses. No inference happens here.
 """
 
 from __future__ import annotations
@@ -32,15 +33,35 @@ class ModelError(ValueError):
 
 
 class _SiteRecorder(numpyro.primitives.Messenger):
-    """Remembers the last site the model reached, to locate errors."""
+    """Remembers the last site the model completed, to locate errors."""
 
     def __init__(self, fn=None):
         self.last_site: str | None = None
         super().__init__(fn)
 
-    def process_message(self, msg):
-        if msg["type"] in ("sample", "param", "deterministic", "plate"):
+    def postprocess_message(self, msg):
+        if msg["type"] in ("sample", "param", "deterministic"):
             self.last_site = msg["name"]
+
+
+class _ObservedAsArray(numpyro.primitives.Messenger):
+    """Turns observed values given as lists, tuples or scalars into JAX arrays.
+
+    NumPyro passes ``obs`` through unchanged, and a Python list breaks the
+    distribution's ``log_prob`` once the parameters are traced.
+    """
+
+    def process_message(self, msg):
+        if msg["type"] == "sample" and msg["is_observed"]:
+            value = msg["value"]
+            if value is not None and not isinstance(value, (jax.Array, np.ndarray)):
+                try:
+                    msg["value"] = jnp.asarray(value)
+                except (TypeError, ValueError) as err:
+                    raise ModelError(
+                        f"observed value of site {msg['name']!r} is a {type(value).__name__} "
+                        f"that cannot be made into an array ({err}). Pass a numpy or JAX array."
+                    ) from err
 
 
 def trace(
@@ -55,10 +76,12 @@ def trace(
     Args:
         model: a NumPyro model function.
         data: keyword arguments for the model (the NumPyro idiom
-            ``def model(X, y=None)``), observations included.
+            ``def model(X, y=None)``), observations included. Values that
+            are not arrays (``N=10``, flags, lists) are passed through as is.
         classify: also decide every latent's variational family and every
             factor-latent edge's conjugacy verdict (``autocvi.conjugacy``).
-        rng_key: seed for the one model run that draws example latent values.
+        rng_key: seed for the one model run that draws example latent values
+            (and the indices of subsampled plates).
 
     Returns:
         a :class:`FactorGraph` with one variable per sample site, one factor
@@ -66,9 +89,9 @@ def trace(
 
     Raises:
         ModelError: the data do not fit the model (unknown or missing
-            argument, missing observations, non-finite observations, shapes
-            that disagree with the plates) or the model raised; the message
-            names the site and says what to do.
+            argument, missing observations, non-finite or out-of-support
+            observations, shapes that disagree with the plates) or the model
+            raised; the message names the site and says what to do.
     """
     data = dict(data or {})
     _check_arguments(model, data)
@@ -76,20 +99,20 @@ def trace(
     model_trace = _run_model(model, data, seed)
     _check_missing_observations(model, data, model_trace)
 
-    plates = _plates(model_trace)
+    plate_sizes = _plate_sizes(model_trace)
     variables: dict[str, VariableNode] = {}
     params: dict[str, ParamNode] = {}
-    factor_vars: dict[str, VariableNode] = {}
+    site_nodes: dict[str, VariableNode] = {}
     example: dict[str, Any] = {}
     factor_sites = set()
     for name, site in model_trace.items():
         if site["type"] == "sample":
-            var = _variable(site, plates)
+            var = _variable(site, plate_sizes)
+            site_nodes[name] = var
             if _is_factor_site(site):
                 # numpyro.factor is a sample site only by implementation: it is a
                 # factor of the graph, not a variable.
                 factor_sites.add(name)
-                factor_vars[name] = var
                 continue
             variables[name] = var
             if var.observed:
@@ -106,16 +129,15 @@ def trace(
     plate_values = {
         name: site["value"]
         for name, site in model_trace.items()
-        if site["type"] == "plate" and plates[name].subsampled
+        if site["type"] == "plate" and site["args"][1] is not None
     }
 
     builder = _site_fn_builder(model, data, plate_values)
+    factor_names = [n for n in model_trace if n in site_nodes]
+    used = _factor_dependencies(model, builder, factor_names, example)
     factors = {}
-    for name, site in model_trace.items():
-        if site["type"] != "sample":
-            continue
-        var = variables.get(name) or factor_vars[name]
-        used = _used_inputs(_log_density(builder(name)), example)
+    for name in factor_names:
+        var = site_nodes[name]
         if name in factor_sites:
             kind = "factor"
         else:
@@ -124,8 +146,8 @@ def trace(
             name=name,
             site=name,
             kind=kind,
-            latents=tuple(n for n in example if n in used and n in variables),
-            params=tuple(n for n in example if n in used and n in params),
+            latents=tuple(n for n in example if n in used[name] and n in variables),
+            params=tuple(n for n in example if n in used[name] and n in params),
             plates=var.plates,
             distribution="factor" if kind == "factor" else var.distribution,
         )
@@ -137,7 +159,7 @@ def trace(
         _example_values=example,
     )
     if classify:
-        from .conjugacy import classify_graph
+        from .classify import classify_graph
 
         graph = classify_graph(graph)
     return graph
@@ -170,7 +192,7 @@ def support_name(c) -> str:
 
 
 def _is_factor_site(site: dict) -> bool:
-    return type(site["fn"]).__name__ == "Unit" and site["is_observed"]
+    return type(base_distribution(site["fn"])).__name__ == "Unit" and site["is_observed"]
 
 
 def _check_arguments(model: Callable, data: dict) -> None:
@@ -179,12 +201,24 @@ def _check_arguments(model: Callable, data: dict) -> None:
     except (TypeError, ValueError):
         return
     params = sig.parameters
+    positional_only = [n for n, p in params.items() if p.kind is inspect.Parameter.POSITIONAL_ONLY]
+    for key in data:
+        if key in positional_only:
+            raise ModelError(
+                f"data has a key {key!r}, but {key!r} is a positional-only argument of "
+                f"{_name(model)}(), which autocvi calls as {_name(model)}(**data). Make {key!r} "
+                f"a keyword argument (drop the '/' from the signature)."
+            )
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
-    accepted = [n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    accepted = [
+        n
+        for n, p in params.items()
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
     for key in data:
-        if key not in params:
-            close = difflib.get_close_matches(key, accepted, n=1)
+        if key not in accepted:
+            close = difflib.get_close_matches(str(key), accepted, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ModelError(
                 f"data has a key {key!r} that {_name(model)}() does not accept; it accepts "
@@ -202,21 +236,61 @@ def _check_arguments(model: Callable, data: dict) -> None:
             )
 
 
+_PRIMITIVES = ("sample", "param", "deterministic", "factor", "_masked_observe")
+
+
+def _failing_site(tb) -> str | None:
+    """The name of the innermost numpyro site call on a traceback, if any."""
+    name = None
+    while tb is not None:
+        frame = tb.tb_frame
+        code = frame.f_code
+        if code.co_name in _PRIMITIVES and code.co_filename.endswith(
+            ("numpyro/primitives.py", "numpyro\\primitives.py")
+        ):
+            site = frame.f_locals.get("name")
+            if isinstance(site, str):
+                name = site
+        tb = tb.tb_next
+    return name
+
+
+def _locate(err: BaseException, recorder: _SiteRecorder) -> str:
+    """Where in the model ``err`` was raised, as a phrase naming a site."""
+    site = _failing_site(err.__traceback__)
+    if site is not None:
+        return f"at site {site!r}"
+    if recorder.last_site is not None:
+        return f"after site {recorder.last_site!r} (in the code that follows it)"
+    return "before its first site"
+
+
+def _missing_none_arguments(model: Callable, data: dict) -> list[str]:
+    try:
+        params = inspect.signature(model).parameters
+    except (TypeError, ValueError):
+        return []
+    return [n for n, p in params.items() if p.default is None and data.get(n) is None]
+
+
 def _run_model(model: Callable, data: dict, seed) -> dict:
     recorder = _SiteRecorder()
     try:
         with recorder:
-            return handlers.trace(handlers.seed(model, seed)).get_trace(**data)
+            return handlers.trace(handlers.seed(_ObservedAsArray(model), seed)).get_trace(**data)
     except ModelError:
         raise
     except Exception as err:  # re-raise with the site being evaluated
-        where = (
-            f"after site {recorder.last_site!r} (while evaluating the code that follows it)"
-            if recorder.last_site
-            else "before its first site"
-        )
+        missing = _missing_none_arguments(model, data)
+        hint = ""
+        if missing:
+            hint = (
+                f" Note: data has no value for {', '.join(map(repr, missing))} (default None); "
+                f"if the model needs it, add it to data."
+            )
         raise ModelError(
-            f"{_name(model)}() raised {type(err).__name__} {where} when run with the data: {err}"
+            f"{_name(model)}() raised {type(err).__name__} {_locate(err, recorder)} when run "
+            f"with the data: {err}{hint}"
         ) from err
 
 
@@ -238,33 +312,35 @@ def _check_missing_observations(model: Callable, data: dict, model_trace: dict) 
             )
 
 
-def _plates(model_trace: dict) -> dict[str, PlateInfo]:
-    plates = {}
-    for name, site in model_trace.items():
-        if site["type"] == "plate":
-            size, subsample_size = site["args"][:2]
-            plates[name] = PlateInfo(
-                name=name,
-                size=int(size),
-                subsample_size=int(subsample_size if subsample_size is not None else size),
-                dim=0,
-            )
-    # The dims are known only from the sites inside the plates.
-    for site in model_trace.values():
-        for frame in site.get("cond_indep_stack", []) or []:
-            if frame.name in plates:
-                p = plates[frame.name]
-                plates[frame.name] = PlateInfo(p.name, p.size, p.subsample_size, int(frame.dim))
-    return plates
+def _plate_sizes(model_trace: dict) -> dict[str, int]:
+    """Full size N of every plate (a plate's dim and minibatch size are per site)."""
+    return {
+        name: int(site["args"][0]) for name, site in model_trace.items() if site["type"] == "plate"
+    }
 
 
-def _variable(site: dict, plates: dict[str, PlateInfo]) -> VariableNode:
+def _site_plates(site: dict, plate_sizes: dict[str, int]) -> tuple[PlateInfo, ...]:
+    """The plates enclosing a site, outermost first, with the dims they use there.
+
+    NumPyro's ``cond_indep_stack`` lists the innermost plate first. A plate's
+    dim is taken from the site's own frame: the same plate name entered in two
+    places (e.g. alone and inside another plate) may use different dims.
+    """
+    frames = site.get("cond_indep_stack", []) or []
+    return tuple(
+        PlateInfo(
+            name=f.name,
+            size=plate_sizes.get(f.name, int(f.size)),
+            subsample_size=int(f.size),
+            dim=int(f.dim),
+        )
+        for f in reversed(frames)
+    )
+
+
+def _variable(site: dict, plate_sizes: dict[str, int]) -> VariableNode:
     fn = site["fn"]
     base = base_distribution(fn)
-    frames = site.get("cond_indep_stack", []) or []
-    site_plates = tuple(
-        sorted((plates[f.name] for f in frames if f.name in plates), key=lambda p: p.dim)
-    )
     return VariableNode(
         name=site["name"],
         observed=bool(site["is_observed"]),
@@ -273,8 +349,51 @@ def _variable(site: dict, plates: dict[str, PlateInfo]) -> VariableNode:
         shape=tuple(jnp.shape(site["value"])),
         batch_shape=tuple(fn.batch_shape),
         event_shape=tuple(fn.event_shape),
-        plates=site_plates,
+        plates=_site_plates(site, plate_sizes),
         discrete=bool(fn.support.is_discrete),
+    )
+
+
+def _site_mask(fn) -> Any:
+    """The site's mask (``handlers.mask`` / ``obs_mask``), or True when none."""
+    mask = True
+    while fn is not None:
+        if type(fn).__name__ == "MaskedDistribution":
+            mask = np.logical_and(mask, np.asarray(fn._mask))
+        fn = getattr(fn, "base_dist", None)
+    return mask
+
+
+def _shape_hint(value_shape: tuple, var: VariableNode) -> str:
+    """Why an observed value's shape disagrees with its site, and the fix."""
+    event_ndim = len(var.event_shape)
+    batch = value_shape[: len(value_shape) - event_ndim] if event_ndim else value_shape
+    for p in var.plates:
+        if -p.dim > len(batch):
+            continue
+        n = batch[p.dim]
+        if n != p.subsample_size:
+            if p.subsampled and n == p.size:
+                return (
+                    f"Plate {p.name!r} is subsampled ({p.subsample_size} of {p.size}): index the "
+                    f"data with the plate's indices, `with numpyro.plate({p.name!r}, {p.size}, "
+                    f"subsample_size={p.subsample_size}) as idx: ... obs=y[idx]`."
+                )
+            return (
+                f"Dimension {p.dim} of the value has length {n} but plate {p.name!r} has size "
+                f"{p.subsample_size}: give one observation per plate element (check the data's "
+                f"length against the plate size, and the plate's dim)."
+            )
+    if not var.plates:
+        return (
+            f"The site is in no plate: wrap it in `with numpyro.plate('data', "
+            f"{value_shape[0] if value_shape else 1}):` (one plate per independent dimension) "
+            f"or give the distribution the value's shape with .expand(shape)."
+        )
+    return (
+        "Give one observation per plate element: each plate must match one dimension of the "
+        "value (its dim counts from the right, after the event dimensions); add the missing "
+        "plates or reshape the data."
     )
 
 
@@ -282,22 +401,44 @@ def _check_observed_value(site: dict, var: VariableNode) -> None:
     value = site["value"]
     if var.distribution == "Unit":
         return
-    expected = tuple(site["fn"].shape())
-    if tuple(jnp.shape(value)) != expected:
-        plates = ", ".join(str(p) for p in var.plates) or "none"
+    fn = site["fn"]
+    expected = tuple(fn.shape())
+    shape = tuple(jnp.shape(value))
+    plates = ", ".join(f"{p} at dim {p.dim}" for p in var.plates) or "none"
+    if shape != expected:
         raise ModelError(
-            f"observed value of site {var.name!r} has shape {tuple(jnp.shape(value))} but its "
-            f"distribution {var.distribution} has shape {expected} (batch {var.batch_shape}, "
-            f"event {var.event_shape}; plates: {plates}). Give one observation per plate element "
-            f"(check the data's length against the plate sizes)."
+            f"observed value of site {var.name!r} has shape {shape} but its distribution "
+            f"{var.distribution} has shape {expected} (batch {var.batch_shape}, event "
+            f"{var.event_shape}; plates: {plates}). {_shape_hint(shape, var)}"
         )
     arr = np.asarray(value)
-    if np.issubdtype(arr.dtype, np.floating) and not np.all(np.isfinite(arr)):
-        bad = np.argwhere(~np.isfinite(arr))
+    mask = _site_mask(fn)
+    if np.all(mask is False) or (np.ndim(mask) == 0 and not bool(mask)):
+        return
+    event_ndim = len(var.event_shape)
+    mask = np.broadcast_to(np.reshape(mask, np.shape(mask) + (1,) * event_ndim), arr.shape)
+    if np.issubdtype(arr.dtype, np.inexact):
+        bad = np.argwhere(~np.isfinite(arr) & mask)
+        if len(bad):
+            raise ModelError(
+                f"observed value of site {var.name!r} has {len(bad)} non-finite entries (first "
+                f"at index {tuple(int(i) for i in bad[0])}). Drop or impute them, or mask them "
+                f"out: numpyro.sample({var.name!r}, ..., obs=y, obs_mask=jnp.isfinite(y)) or "
+                f"`with numpyro.handlers.mask(mask=jnp.isfinite(y)):`."
+            )
+    try:
+        inside = np.asarray(fn.support(value))
+    except Exception:  # a constraint without a check: nothing to say
+        return
+    batch_mask = mask[(...,) + (0,) * event_ndim] if event_ndim else mask
+    bad = np.argwhere(~np.broadcast_to(inside, batch_mask.shape) & batch_mask)
+    if len(bad):
+        index = tuple(int(i) for i in bad[0])
         raise ModelError(
-            f"observed value of site {var.name!r} has {len(bad)} non-finite entries (first at "
-            f"index {tuple(int(i) for i in bad[0])}). Drop or impute them, or mask them with "
-            f"numpyro.handlers.mask / obs_mask."
+            f"observed value of site {var.name!r} has {len(bad)} entries outside the support "
+            f"({support_name(fn.support)}) of its {var.distribution} distribution (first at "
+            f"index {index}: {arr[index]}). Fix the data, or mask those entries out with "
+            f"obs_mask / numpyro.handlers.mask."
         )
 
 
@@ -308,47 +449,78 @@ def _site_fn_builder(model: Callable, data: dict, plate_values: dict) -> Callabl
     indices of the traced run unless ``values`` overrides them by plate name.
     """
 
+    def run(values, recorder: _SiteRecorder | None = None):
+        substituted = {**plate_values, **values}
+        fn = _ObservedAsArray(model if recorder is None else recorder(model))
+        with handlers.block():
+            return handlers.trace(
+                handlers.substitute(handlers.seed(fn, 0), data=substituted)
+            ).get_trace(**data)
+
     def builder(name: str) -> Callable:
         def site_fn(values, with_scale: bool = False):
-            substituted = {**plate_values, **values}
-            with handlers.block():
-                tr = handlers.trace(
-                    handlers.substitute(handlers.seed(model, 0), data=substituted)
-                ).get_trace(**data)
-            site = tr[name]
+            site = run(values)[name]
             if with_scale:
                 return site["fn"], site["value"], site.get("scale")
             return site["fn"], site["value"]
 
         return site_fn
 
+    builder.run = run
     return builder
 
 
-def _log_density(site_fn: Callable) -> Callable:
-    def log_density(values):
-        fn, value = site_fn(values)
-        return fn.log_prob(value)
+def _factor_dependencies(
+    model: Callable, builder: Callable, factor_names: list[str], values: dict
+) -> dict[str, set[str]]:
+    """For each factor, the names in ``values`` its log density depends on.
 
-    return log_density
+    One jaxpr computes every factor's log density from the latent and param
+    values; dead-code elimination per output gives each factor's inputs.
+    """
+    names = list(values)
+
+    def all_log_densities(*xs):
+        tr = builder.run(dict(zip(names, xs)), recorder)
+        return [tr[n]["fn"].log_prob(tr[n]["value"]) for n in factor_names]
+
+    recorder = _SiteRecorder()
+    try:
+        closed = jax.make_jaxpr(all_log_densities)(*(values[n] for n in names))
+    except ModelError:
+        raise
+    except Exception as err:
+        raise ModelError(
+            f"{_name(model)}() could not be traced with the latent values as JAX tracers: it "
+            f"raised {type(err).__name__} {_locate(err, recorder)}: {err}. autocvi needs a model "
+            f"that jax.jit could compile: no Python `if`/`while`/`int()`/`float()` on the value "
+            f"of a latent site or param (use jnp.where, lax.cond or "
+            f"numpyro.contrib.control_flow.scan), and no NumPy (np.*) calls on them (use jnp.*)."
+        ) from err
+    return {
+        n: {names[i] for i in _live_inputs(closed.jaxpr, k)} for k, n in enumerate(factor_names)
+    }
 
 
-def _used_inputs(fn: Callable, values: dict) -> set[str]:
-    """Names in ``values`` that ``fn``'s output depends on (jaxpr liveness)."""
-    names = sorted(values)
-    closed = jax.make_jaxpr(lambda *xs: fn(dict(zip(names, xs))))(*(values[n] for n in names))
-    jaxpr = closed.jaxpr
-    live = {id(v): v for v in jaxpr.outvars if _is_var(v)}
+def _live_inputs(jaxpr, output: int) -> list[int]:
+    """Indices of ``jaxpr``'s inputs that output number ``output`` depends on."""
+    used_outputs = [k == output for k in range(len(jaxpr.outvars))]
+    try:
+        from jax._src.interpreters import partial_eval as pe
+
+        _, used = pe.dce_jaxpr(jaxpr, used_outputs)
+    except Exception:  # private API moved: fall back to a conservative liveness pass
+        used = _conservative_liveness(jaxpr, used_outputs)
+    return [i for i, u in enumerate(used) if u]
+
+
+def _conservative_liveness(jaxpr, used_outputs: list[bool]) -> list[bool]:
+    """Backward liveness that treats every equation as all-inputs-to-all-outputs."""
+    live = {id(v) for v, u in zip(jaxpr.outvars, used_outputs) if u and _is_var(v)}
     for eqn in reversed(jaxpr.eqns):
         if any(id(o) in live for o in eqn.outvars):
-            for v in eqn.invars:
-                if _is_var(v):
-                    live[id(v)] = v
-    used = set()
-    for name, var in zip(names, jaxpr.invars):
-        if id(var) in live:
-            used.add(name)
-    return used
+            live.update(id(v) for v in eqn.invars if _is_var(v))
+    return [id(v) in live for v in jaxpr.invars]
 
 
 def _is_var(v) -> bool:

@@ -1,0 +1,55 @@
+"""Attach variational families and conjugacy verdicts to a traced FactorGraph.
+
+For every latent the family comes from its prior (:mod:`autocvi.layout`);
+for every (factor, latent) edge the verdict comes from the abstract
+interpretation in :mod:`autocvi.conjugacy`, plus one registry fact the
+interpretation need not rediscover: a site's own prior density is conjugate to
+the family chosen from that prior.
+"""
+
+from __future__ import annotations
+
+from .graph import EdgeInfo, FactorGraph
+from .layout import LatentLayout, make_layout
+
+__all__ = ["classify_graph", "latent_layouts"]
+
+
+def latent_layouts(graph: FactorGraph) -> dict[str, LatentLayout]:
+    """The :class:`LatentLayout` of every latent site, in model order."""
+    values = graph.example_values
+    layouts = {}
+    for name in graph.latent_names:
+        var = graph.variables[name]
+        prior, value = graph.site_fn(name)(values)
+        plate_axes = {len(var.batch_shape) + p.dim for p in var.plates}
+        layouts[name] = make_layout(name, prior, value, var.batch_shape, plate_axes)
+    return layouts
+
+
+def classify_graph(graph: FactorGraph) -> FactorGraph:
+    """A copy of ``graph`` with families on latents and verdicts on every edge."""
+    from .conjugacy import classify_edge
+
+    layouts = latent_layouts(graph)
+    graph = graph.with_families({n: lay.family for n, lay in layouts.items()})
+    values = graph.example_values
+    edges = {}
+    for factor in graph.factors.values():
+        site_fn = graph.site_fn(factor.name)
+        for latent in factor.latents:
+            family = layouts[latent].family
+            if factor.site == latent and family != "Unconstrained":
+                edges[(factor.name, latent)] = EdgeInfo(
+                    conjugate=True,
+                    reason=f"the prior of {latent} is in its variational family ({family}).",
+                    statistics=(),
+                )
+                continue
+            verdict = classify_edge(site_fn, values, latent, family, site_name=factor.name)
+            edges[(factor.name, latent)] = EdgeInfo(
+                conjugate=bool(verdict.conjugate),
+                reason=verdict.reason,
+                statistics=tuple(verdict.statistics),
+            )
+    return graph.with_edges(edges)

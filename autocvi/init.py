@@ -1,0 +1,59 @@
+"""Initial natural parameters for every node of a schedule.
+
+Each node starts at its prior with the parents held at one prior draw (the
+exact message of its own prior factor, so no family-specific code is
+needed). Gaussian nodes are centred on a prior draw of the site, which breaks
+the symmetry of mixture components; unconstrained nodes start as a narrow
+Gaussian around the unconstrained image of a prior draw.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .expectations import expect, moment_point_set
+from .schedule import Schedule, _reference_natural
+
+__all__ = ["initial_natural"]
+
+# Variance of the initial Gaussian of an unconstrained node.
+_UNCONSTRAINED_INIT_VAR = 0.1
+
+
+def initial_natural(schedule: Schedule, rng_key) -> dict:
+    """``{latent: natural parameters}`` to start CVI from."""
+    values = schedule.graph.example_values
+    params = schedule.params
+    natural = {}
+    for name, node in schedule.nodes.items():
+        lay = node.layout
+        rng_key, sub = jax.random.split(rng_key)
+        draw = lay.from_site(values[name])
+        if lay.transform is not None:
+            natural[name] = _gaussian_at(lay, draw, _UNCONSTRAINED_INIT_VAR)
+            continue
+        fplan = schedule.factors[name]
+        align = fplan.alignments[name]
+        fixed = {**params, **{j: values[j] for j in fplan.latents if j != name}}
+
+        def expected(mu, lay=lay, fplan=fplan, align=align, fixed=fixed, name=name):
+            return expect(fplan.log_density, {name: moment_point_set(lay, mu, align)}, fixed)
+
+        ref = lay.fam.natural_to_mean(_reference_natural(lay, sub))
+        lam = jax.grad(expected)(ref)
+        if lay.q_family == "MultivariateNormal":
+            lam = (lam[0], 0.5 * (lam[1] + jnp.swapaxes(lam[1], -1, -2)))
+            lam = (-2.0 * jnp.einsum("...ij,...j->...i", lam[1], draw), lam[1])
+        elif lay.q_family == "Normal":
+            lam = (-2.0 * lam[1] * draw, lam[1])
+        natural[name] = lam
+    return natural
+
+
+def _gaussian_at(lay, mean, var):
+    if lay.q_family == "MultivariateNormal":
+        d = mean.shape[-1]
+        prec = jnp.broadcast_to(jnp.eye(d, dtype=mean.dtype) / var, mean.shape + (d,))
+        return (mean / var, -0.5 * prec)
+    return (mean / var, jnp.full(mean.shape, -0.5 / var, mean.dtype))

@@ -1,0 +1,174 @@
+"""How a latent site's value is laid out for its variational family.
+
+A latent site's value has shape ``plate_shape + inner_shape``: the leading
+``plate_ndim`` axes are its plates (and size-1 broadcast axes), over which q
+factorises; the remaining *inner* axes are one block of q. Elementwise
+families (Normal, Gamma, Beta, Bernoulli, Categorical) factorise over inner
+axes too; a Gaussian with more than one inner element is one
+MultivariateNormal over the flattened inner axes (so ``w`` with
+``.expand([D]).to_event(1)``, a ``GaussianRandomWalk`` or a ``scan`` of
+Normals get a full covariance), and Dirichlet's last axis is its event.
+
+Latents whose prior is not an exponential family get a Gaussian on the
+unconstrained space, ``z = T(u)`` with ``T = biject_to(support)``
+(CVI paper Sec. 5; DESIGN.md section 2).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import jax.numpy as jnp
+from numpyro.distributions.transforms import biject_to
+
+from . import families
+
+__all__ = ["LatentLayout", "GAUSSIAN_PRIORS", "make_layout"]
+
+# Priors whose density is Gaussian in the site's value.
+GAUSSIAN_PRIORS = frozenset(
+    {"Normal", "MultivariateNormal", "GaussianRandomWalk", "LowRankMultivariateNormal"}
+)
+# Prior class name -> family name, for the exponential-family priors.
+_PRIOR_FAMILY = {
+    "Gamma": "Gamma",
+    "Exponential": "Gamma",
+    "Beta": "Beta",
+    "Dirichlet": "Dirichlet",
+    "CategoricalProbs": "Categorical",
+    "CategoricalLogits": "Categorical",
+    "BernoulliProbs": "Bernoulli",
+    "BernoulliLogits": "Bernoulli",
+}
+
+
+@dataclass(frozen=True)
+class LatentLayout:
+    """The variational family of one latent site and how its arrays map to the site.
+
+    Attributes:
+        name: site name.
+        family: the family reported to users: a family name, or
+            ``"Unconstrained"`` for a Gaussian on the unconstrained space.
+        q_family: the exponential family q actually uses (``"Normal"`` or
+            ``"MultivariateNormal"`` for unconstrained sites).
+        shape: the site's value shape.
+        plate_ndim: number of leading axes over which q factorises.
+        family_shape: shape of one draw of q in the family's layout (for a
+            MultivariateNormal ``plate_shape + (D,)``).
+        transform: ``biject_to(support)`` for unconstrained sites, else None.
+        num_categories: K for Categorical sites.
+    """
+
+    name: str
+    family: str
+    q_family: str
+    shape: tuple[int, ...]
+    plate_ndim: int
+    family_shape: tuple[int, ...]
+    transform: Any = None
+    num_categories: int | None = None
+
+    @property
+    def fam(self) -> families.Family:
+        return families.FAMILIES[self.q_family]
+
+    @property
+    def plate_shape(self) -> tuple[int, ...]:
+        return self.shape[: self.plate_ndim]
+
+    @property
+    def discrete(self) -> bool:
+        return self.q_family in ("Categorical", "Bernoulli")
+
+    @property
+    def uniform_weights(self) -> bool:
+        """Moment-node weights are equal across elements (all continuous families)."""
+        return not self.discrete
+
+    @property
+    def weight_ndim(self) -> int:
+        """Number of element axes of ``moment_nodes`` weights (after the node axis)."""
+        if self.q_family == "MultivariateNormal":
+            return len(self.family_shape) - 1
+        if self.q_family == "Dirichlet":
+            return len(self.family_shape) - 1
+        return len(self.family_shape)
+
+    def to_site(self, x):
+        """Family-layout draw(s) ``(..., *family_shape)`` -> site values ``(..., *shape)``."""
+        lead = jnp.shape(x)[: jnp.ndim(x) - len(self.family_shape)]
+        if self.transform is None:
+            return jnp.reshape(x, lead + self.shape)
+        u = jnp.reshape(x, lead + self._unconstrained_shape)
+        return self.transform(u)
+
+    def from_site(self, z):
+        """Site value ``shape`` -> family layout ``family_shape`` (inverse of to_site)."""
+        if self.transform is not None:
+            z = self.transform.inv(z)
+        return jnp.reshape(z, self.family_shape)
+
+    @property
+    def _unconstrained_shape(self) -> tuple[int, ...]:
+        return tuple(self.transform.inverse_shape(self.shape))
+
+
+def make_layout(name: str, prior, value, batch_shape, plate_axes: set[int]) -> LatentLayout:
+    """Choose the family and layout of one latent site from its prior.
+
+    Args:
+        name: site name.
+        prior: the site's numpyro distribution (wrappers allowed).
+        value: an example value of the site.
+        batch_shape: the prior's batch shape.
+        plate_axes: axes of the value that belong to plates.
+    """
+    from .tracing import base_distribution
+
+    shape = tuple(jnp.shape(value))
+    base = base_distribution(prior)
+    kind = type(base).__name__
+    # Leading axes that are plates or size-1 broadcast axes: q factorises over them.
+    plate_ndim = 0
+    while plate_ndim < len(batch_shape) and (
+        plate_ndim in plate_axes or batch_shape[plate_ndim] == 1
+    ):
+        plate_ndim += 1
+    plate_shape = shape[:plate_ndim]
+    inner = shape[plate_ndim:]
+
+    if kind in GAUSSIAN_PRIORS:
+        if math.prod(inner) > 1:
+            return LatentLayout(
+                name,
+                "MultivariateNormal",
+                "MultivariateNormal",
+                shape,
+                plate_ndim,
+                plate_shape + (math.prod(inner),),
+            )
+        return LatentLayout(name, "Normal", "Normal", shape, plate_ndim, shape)
+    fam = _PRIOR_FAMILY.get(kind)
+    if fam == "Categorical":
+        k = int(jnp.shape(base.probs if hasattr(base, "probs") else base.logits)[-1])
+        return LatentLayout(name, fam, fam, shape, plate_ndim, shape, num_categories=k)
+    if fam is not None:
+        return LatentLayout(name, fam, fam, shape, plate_ndim, shape)
+    # Not an exponential family: a Gaussian on the unconstrained space.
+    transform = biject_to(prior.support)
+    ushape = tuple(transform.inverse_shape(shape))
+    uinner = ushape[plate_ndim:]
+    if math.prod(uinner) > 1:
+        return LatentLayout(
+            name,
+            "Unconstrained",
+            "MultivariateNormal",
+            shape,
+            plate_ndim,
+            ushape[:plate_ndim] + (math.prod(uinner),),
+            transform,
+        )
+    return LatentLayout(name, "Unconstrained", "Normal", shape, plate_ndim, ushape, transform)

@@ -1,0 +1,286 @@
+"""The message-passing schedule autocvi generates for a classified FactorGraph.
+
+:func:`plan` decides, from the graph's structure alone, for every latent node
+its variational family and layout, for every incoming message its kind, the
+update order, the subsampled plates and the default step size. It prints as a
+table so that a user can see what autocvi will do before fitting.
+
+Message kinds (CVI paper Alg. 2 and App. B.1, F):
+
+* ``exact``: the factor is conjugate to the node; the message is the exact
+  VMP message ``E_{q/i}[eta_{a,i}]`` (gradient of the exact expected log factor
+  w.r.t. the node's mean parameters).
+* ``monte-carlo``: Gaussian node, non-conjugate factor: Bonnet/Price
+  estimates ``E[grad f]`` and ``E[hess f]/2`` from draws of q.
+* ``fisher``: other continuous families, non-conjugate factor: the
+  reparameterised gradient w.r.t. natural parameters, mapped to mean
+  parameters by the inverse Fisher matrix (CVI App. F).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .classify import latent_layouts
+from .expectations import Alignment, PointSet, alignment, expect, moment_point_set
+from .graph import EdgeInfo, FactorGraph, PlateInfo, _format_table
+from .layout import LatentLayout
+
+__all__ = ["FactorPlan", "NodePlan", "Schedule", "plan", "build_schedule"]
+
+
+@dataclass(frozen=True)
+class FactorPlan:
+    """One term of the log joint as the engine evaluates it."""
+
+    name: str
+    latents: tuple[str, ...]
+    conjugate: dict[str, bool]
+    alignments: dict[str, Alignment]
+    log_density: Callable = field(repr=False)
+    subsampled: tuple[PlateInfo, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One latent node: its layout and incoming messages ``(factor, kind)``."""
+
+    name: str
+    layout: LatentLayout
+    incoming: tuple[tuple[str, str], ...]
+
+
+@dataclass
+class Schedule:
+    """What autocvi will do with a model: nodes, messages, order, step size."""
+
+    graph: FactorGraph
+    nodes: dict[str, NodePlan]
+    factors: dict[str, FactorPlan]
+    order: tuple[str, ...]
+    step_size: float
+    num_samples: int
+    params: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def all_exact(self) -> bool:
+        return all(kind == "exact" for n in self.nodes.values() for _, kind in n.incoming)
+
+    def __str__(self) -> str:
+        rows = []
+        for pos, name in enumerate(self.order):
+            node = self.nodes[name]
+            msgs = "; ".join(f"{f} ({k})" for f, k in node.incoming)
+            shape = "x".join(str(s) for s in node.layout.shape) or "scalar"
+            rows.append((pos + 1, name, node.layout.family, shape, msgs))
+        sub = sorted({str(p) for f in self.factors.values() for p in f.subsampled})
+        kinds = sorted({k for n in self.nodes.values() for _, k in n.incoming})
+        lines = [
+            f"Schedule: {len(self.nodes)} nodes updated one after another in the order below, "
+            f"every iteration (block coordinate ascent)",
+            f"  step size beta = {self.step_size:g}"
+            + (
+                " (all messages exact: this is VMP)"
+                if self.all_exact
+                else " (damped: some messages are estimated)"
+            ),
+            f"  message kinds: {', '.join(kinds)}; Monte Carlo draws per estimate: {self.num_samples}",
+            "  subsampled plates (factors scaled by N/B): " + (", ".join(sub) if sub else "none"),
+            "",
+            _format_table(
+                ("#", "node", "q family", "shape", "incoming messages (factor (kind))"), rows
+            ),
+        ]
+        return "\n".join(lines)
+
+
+def plan(model, data=None, *, num_samples: int = 16, step_size: float | None = None) -> Schedule:
+    """The message-passing schedule autocvi will run for ``model(**data)``.
+
+    Args:
+        model: a NumPyro model.
+        data: keyword arguments for the model.
+        num_samples: Monte Carlo draws for estimated messages.
+        step_size: override the default (1 when every message is exact, else 0.5).
+    """
+    from .tracing import trace
+
+    return build_schedule(trace(model, data), num_samples=num_samples, step_size=step_size)
+
+
+def build_schedule(
+    graph: FactorGraph, *, num_samples: int = 16, step_size: float | None = None, rng_key=None
+) -> Schedule:
+    """Plan the schedule for an already classified graph (see :func:`plan`)."""
+    layouts = latent_layouts(graph)
+    values = graph.example_values
+    params = {n: values[n] for n in graph.params}
+    factors: dict[str, FactorPlan] = {}
+    new_edges: dict[tuple[str, str], EdgeInfo] = {}
+    for fac in graph.factors.values():
+        if not fac.latents:
+            continue
+        log_density = graph.log_density_fn(fac.name)
+        out = jax.eval_shape(log_density, values)
+        factor_ndim = len(out.shape)
+        aligns = {}
+        conj = {}
+        for latent in fac.latents:
+            var = graph.variables[latent]
+            aligns[latent] = alignment(
+                layouts[latent], var.plates, len(var.batch_shape), fac.plates, factor_ndim
+            )
+            edge = graph.edges.get((fac.name, latent), EdgeInfo())
+            conj[latent] = bool(edge.conjugate)
+            for p in var.plates:
+                if p.subsampled:
+                    raise NotImplementedError(
+                        f"latent site {latent!r} is inside the subsampled plate {p.name!r}: "
+                        "local latents under subsampling are not supported yet. Remove "
+                        "subsample_size from that plate to fit on the full data."
+                    )
+        _check_discrete(fac.name, layouts, aligns, conj)
+        factors[fac.name] = FactorPlan(
+            name=fac.name,
+            latents=fac.latents,
+            conjugate=conj,
+            alignments=aligns,
+            log_density=log_density,
+            subsampled=tuple(p for p in fac.plates if p.subsampled),
+        )
+    # Jacobians of unconstrained nodes are factors of their own (non-conjugate).
+    for name, lay in layouts.items():
+        if lay.transform is not None:
+            var = graph.variables[name]
+            factors[f"jacobian:{name}"] = _jacobian_factor(name, lay, var)
+
+    # A conjugate verdict on an edge whose elements the factor couples would make the
+    # shared moment nodes inexact: check it numerically and demote such edges.
+    key = jax.random.PRNGKey(0) if rng_key is None else rng_key
+    for fname, fplan in list(factors.items()):
+        for latent in fplan.latents:
+            if (
+                fplan.conjugate.get(latent)
+                and layouts[latent].uniform_weights
+                and not all(a is not None for a in fplan.alignments[latent].axes)
+            ):
+                key, sub = jax.random.split(key)
+                if _couples_elements(fplan, latent, layouts, values, params, sub):
+                    fplan.conjugate[latent] = False
+                    new_edges[(fname, latent)] = EdgeInfo(
+                        conjugate=False,
+                        reason=(
+                            f"the log density is affine in the statistics of {latent}, but "
+                            f"{fname} couples several elements of {latent} that q treats as "
+                            f"independent; declare {latent} as one vector site "
+                            f"(.to_event(...)) to get a joint Gaussian and exact messages."
+                        ),
+                    )
+
+    nodes = {}
+    for name, lay in layouts.items():
+        incoming = []
+        for fname, fplan in factors.items():
+            if name in fplan.latents:
+                incoming.append((fname, _message_kind(lay, fplan.conjugate[name])))
+        nodes[name] = NodePlan(name, lay, tuple(incoming))
+    # Discrete nodes first: their closed-form messages then seed the others
+    # (the usual responsibilities-first order for mixtures and topic models).
+    order = tuple(n for n in layouts if layouts[n].discrete) + tuple(
+        n for n in layouts if not layouts[n].discrete
+    )
+    edges = dict(new_edges)
+    for name, node in nodes.items():
+        for fname, kind in node.incoming:
+            if fname in graph.factors:
+                e = new_edges.get((fname, name)) or graph.edges.get((fname, name), EdgeInfo())
+                edges[(fname, name)] = EdgeInfo(e.conjugate, e.reason, e.statistics, kind)
+    graph = graph.with_edges(edges)
+    schedule = Schedule(graph, nodes, factors, order, 1.0, num_samples, params)
+    schedule.step_size = (1.0 if schedule.all_exact else 0.5) if step_size is None else step_size
+    return schedule
+
+
+def _message_kind(layout: LatentLayout, conjugate: bool) -> str:
+    if conjugate:
+        return "exact"
+    if layout.q_family in ("Normal", "MultivariateNormal"):
+        return "monte-carlo"
+    return "fisher"
+
+
+def _check_discrete(fname, layouts, aligns, conj):
+    for latent, align in aligns.items():
+        lay = layouts[latent]
+        if lay.discrete and (not align.exact_for_discrete or not conj[latent]):
+            raise NotImplementedError(
+                f"factor {fname!r} depends on several elements of the discrete site {latent!r} "
+                f"at once (it is not inside all of {latent!r}'s plates), so its closed-form "
+                "message would need enumeration over all of them. Put the factor inside the "
+                f"same plates as {latent!r}."
+            )
+
+
+def _jacobian_factor(name: str, lay: LatentLayout, var) -> FactorPlan:
+    transform = lay.transform
+
+    def log_density(values):
+        z = values[name]
+        u = transform.inv(z)
+        return transform.log_abs_det_jacobian(u, z)
+
+    ndim = len(jax.eval_shape(lambda: log_density({name: jnp.ones(lay.shape)})).shape)
+    plates = tuple(p for p in var.plates)
+    align = alignment(lay, var.plates, len(var.batch_shape), plates, ndim)
+    return FactorPlan(f"jacobian:{name}", (name,), {name: False}, {name: align}, log_density)
+
+
+def _couples_elements(fplan: FactorPlan, latent, layouts, values, params, key) -> bool:
+    """True when shared moment nodes give a different expectation than per-element ones.
+
+    With a random per-element permutation of the node index the distribution of
+    each element is unchanged, so the two expectations agree exactly when no
+    term of the factor multiplies two elements of ``latent`` (DESIGN.md sec. 5).
+    """
+    lay = layouts[latent]
+    mu = lay.fam.natural_to_mean(_reference_natural(lay, key))
+    fixed = {**params, **{j: values[j] for j in fplan.latents if j != latent}}
+    shared = moment_point_set(lay, mu, fplan.alignments[latent])
+    nodes, _ = lay.fam.moment_nodes(mu)
+    p = nodes.shape[0]
+    elem_shape = lay.family_shape[: lay.weight_ndim]
+    perm = jnp.argsort(jax.random.uniform(jax.random.fold_in(key, 1), (p,) + elem_shape), axis=0)
+    perm = perm.reshape(perm.shape + (1,) * (nodes.ndim - perm.ndim))
+    shuffled = jnp.take_along_axis(nodes, jnp.broadcast_to(perm, nodes.shape), axis=0)
+    mixed = PointSet(lay.to_site(shuffled), shared.weights)
+    e1 = expect(fplan.log_density, {latent: shared}, fixed)
+    e2 = expect(fplan.log_density, {latent: mixed}, fixed)
+    scale = 1.0 + abs(float(e1))
+    return not bool(np.isfinite(float(e1))) or abs(float(e1) - float(e2)) > 1e-5 * scale
+
+
+def _reference_natural(lay: LatentLayout, key):
+    """A random valid natural parameter of the right shape (for structural checks)."""
+    shape = lay.family_shape
+    name = lay.q_family
+    if name == "Normal":
+        return (jax.random.normal(key, shape), -0.5 * jnp.ones(shape))
+    if name == "MultivariateNormal":
+        d = shape[-1]
+        return (jax.random.normal(key, shape), -0.5 * jnp.broadcast_to(jnp.eye(d), shape + (d,)))
+    if name == "Gamma":
+        return (jnp.ones(shape), -jnp.ones(shape))
+    if name == "Beta":
+        return (jnp.ones(shape), jnp.ones(shape))
+    if name == "Dirichlet":
+        return (jnp.ones(shape),)
+    if name == "Categorical":
+        return (jnp.zeros(shape + (lay.num_categories,)),)
+    if name == "Bernoulli":
+        return (jnp.zeros(shape),)
+    raise ValueError(name)
