@@ -350,20 +350,13 @@ class FactorGraph:
             key = factor_key(f.name)
             g.add_node(key, **attrs)
             if f.site in self.variables and self.variables[f.site].observed:
-                g.add_edge(key, f.site, role="scores", conjugate=None, message=None)
+                g.add_edge(key, f.site, **_edge_attrs("scores", EdgeInfo()))
             for latent in f.latents:
                 e = self.edges.get((f.name, latent), EdgeInfo())
-                g.add_edge(
-                    key,
-                    latent,
-                    role="scores" if latent == f.site else "parent",
-                    conjugate=e.conjugate,
-                    reason=e.reason,
-                    statistics=e.statistics,
-                    message=e.message,
-                )
+                role = "scores" if latent == f.site else "parent"
+                g.add_edge(key, latent, **_edge_attrs(role, e))
             for p in f.params:
-                g.add_edge(key, p, role="param", conjugate=None, message=None)
+                g.add_edge(key, p, **_edge_attrs("param", EdgeInfo()))
         return g
 
     def to_dot(self, color_by_message: bool = True) -> str:
@@ -391,18 +384,18 @@ class FactorGraph:
                 if v.observed
                 else 'shape=ellipse, style=filled, fillcolor="white"'
             )
-            label = f"{v.name}\\n{v.distribution}"
+            label = _esc(v.name) + "\\n" + _esc(v.distribution)
             node_decl[v.name] = node_line(v.name, f'label="{label}", {style}')
             node_plates[v.name] = v.plates
         for p in self.params.values():
-            node_decl[p.name] = node_line(p.name, f'label="{p.name}", shape=plaintext')
+            node_decl[p.name] = node_line(p.name, f"label={_q(p.name)}, shape=plaintext")
             node_plates[p.name] = ()
         for f in self.factors.values():
             key = factor_key(f.name)
             node_decl[key] = node_line(
                 key,
                 'label="", shape=square, style=filled, fillcolor=black, width=0.15, height=0.15,'
-                f' xlabel="{f.name}"',
+                f" xlabel={_q(f.name)}",
             )
             node_plates[key] = f.plates
 
@@ -414,6 +407,19 @@ class FactorGraph:
                 level = level.setdefault(("plate", plate.name, str(plate)), {})
             level.setdefault(("nodes",), []).append(key)
 
+        # A plate entered in two places (alone, and inside another plate) gives
+        # two clusters; DOT merges subgraphs of the same name, so the second is
+        # "cluster_<plate>_2".
+        cluster_names: set[str] = set()
+
+        def cluster_name(plate: str) -> str:
+            name, k = f"cluster_{plate}", 1
+            while name in cluster_names:
+                k += 1
+                name = f"cluster_{plate}_{k}"
+            cluster_names.add(name)
+            return name
+
         def emit(level: dict, indent: str) -> None:
             for k, sub in level.items():
                 if k == ("nodes",):
@@ -421,8 +427,8 @@ class FactorGraph:
                         lines.append(indent + node_decl[key].strip())
                 else:
                     _, name, label = k
-                    lines.append(f"{indent}subgraph {_q('cluster_' + name)} {{")
-                    lines.append(f'{indent}  label="{label}"; style=rounded;')
+                    lines.append(f"{indent}subgraph {_q(cluster_name(name))} {{")
+                    lines.append(f"{indent}  label={_q(label)}; style=rounded;")
                     emit(sub, indent + "  ")
                     lines.append(f"{indent}}}")
 
@@ -500,6 +506,16 @@ def factor_key(name: str) -> str:
     return f"factor:{name}"
 
 
+def _edge_attrs(role: str, e: EdgeInfo) -> dict:
+    return {
+        "role": role,
+        "conjugate": e.conjugate,
+        "reason": e.reason,
+        "statistics": e.statistics,
+        "message": e.message,
+    }
+
+
 def _node_attrs(obj) -> dict:
     attrs = dict(obj.__dict__)
     if "plates" in attrs:
@@ -515,8 +531,13 @@ def _node_attrs(obj) -> dict:
     return attrs
 
 
+def _esc(s: str) -> str:
+    """Escape text for a double-quoted DOT string."""
+    return str(s).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def _q(s: str) -> str:
-    return '"' + s.replace('"', '\\"') + '"'
+    return '"' + _esc(s) + '"'
 
 
 def _fmt_shape(shape: tuple[int, ...]) -> str:

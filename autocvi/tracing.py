@@ -497,30 +497,68 @@ def _factor_dependencies(
             f"of a latent site or param (use jnp.where, lax.cond or "
             f"numpyro.contrib.control_flow.scan), and no NumPy (np.*) calls on them (use jnp.*)."
         ) from err
+    masks = _output_dependencies(closed.jaxpr)
     return {
-        n: {names[i] for i in _live_inputs(closed.jaxpr, k)} for k, n in enumerate(factor_names)
+        n: {name for i, name in enumerate(names) if masks[k] >> i & 1}
+        for k, n in enumerate(factor_names)
     }
 
 
-def _live_inputs(jaxpr, output: int) -> list[int]:
-    """Indices of ``jaxpr``'s inputs that output number ``output`` depends on."""
-    used_outputs = [k == output for k in range(len(jaxpr.outvars))]
+def _output_dependencies(jaxpr) -> list[int]:
+    """For each output of ``jaxpr``, the inputs it depends on, as a bitmask.
+
+    A forward pass over the equations, linear in the jaxpr's size. An
+    equation with a sub-jaxpr (``jit``, ``scan``, ``cond``, custom derivative
+    calls) maps each of its outputs to the inputs JAX's own dead-code
+    elimination keeps for it; any other equation makes every output depend on
+    every input.
+    """
+    deps: dict = {v: 1 << i for i, v in enumerate(jaxpr.invars)}
+
+    def dep(v) -> int:
+        return deps.get(v, 0) if _is_var(v) else 0
+
+    for eqn in jaxpr.eqns:
+        ins = [dep(v) for v in eqn.invars]
+        if _has_subjaxpr(eqn):
+            for k, out in enumerate(eqn.outvars):
+                mask = 0
+                for d, used in zip(ins, _eqn_used_inputs(eqn, k)):
+                    if used:
+                        mask |= d
+                deps[out] = mask
+        else:
+            mask = 0
+            for d in ins:
+                mask |= d
+            for out in eqn.outvars:
+                deps[out] = mask
+    return [dep(v) for v in jaxpr.outvars]
+
+
+def _has_subjaxpr(eqn) -> bool:
+    def is_jaxpr(x) -> bool:
+        return type(x).__name__ in ("Jaxpr", "ClosedJaxpr")
+
+    return any(
+        is_jaxpr(v) or (isinstance(v, (tuple, list)) and any(is_jaxpr(x) for x in v))
+        for v in eqn.params.values()
+    )
+
+
+def _eqn_used_inputs(eqn, output: int) -> list[bool]:
+    """Which inputs of ``eqn`` its output number ``output`` depends on."""
+    used_outputs = [k == output for k in range(len(eqn.outvars))]
     try:
         from jax._src.interpreters import partial_eval as pe
 
-        _, used = pe.dce_jaxpr(jaxpr, used_outputs)
-    except Exception:  # private API moved: fall back to a conservative liveness pass
-        used = _conservative_liveness(jaxpr, used_outputs)
-    return [i for i, u in enumerate(used) if u]
-
-
-def _conservative_liveness(jaxpr, used_outputs: list[bool]) -> list[bool]:
-    """Backward liveness that treats every equation as all-inputs-to-all-outputs."""
-    live = {id(v) for v, u in zip(jaxpr.outvars, used_outputs) if u and _is_var(v)}
-    for eqn in reversed(jaxpr.eqns):
-        if any(id(o) in live for o in eqn.outvars):
-            live.update(id(v) for v in eqn.invars if _is_var(v))
-    return [id(v) in live for v in jaxpr.invars]
+        rule = pe.dce_rules.get(eqn.primitive, pe._default_dce_rule)
+        used, _ = rule(used_outputs, eqn)
+        if len(used) == len(eqn.invars):
+            return list(used)
+    except Exception:  # private API moved: be conservative
+        pass
+    return [True] * len(eqn.invars)
 
 
 def _is_var(v) -> bool:
