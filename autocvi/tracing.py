@@ -218,7 +218,9 @@ def _check_arguments(model: Callable, data: dict) -> None:
     ]
     for key in data:
         if key not in accepted:
-            close = difflib.get_close_matches(str(key), accepted, n=1)
+            lower = {n.lower(): n for n in accepted}
+            close = [lower[str(key).lower()]] if str(key).lower() in lower else []
+            close = close or difflib.get_close_matches(str(key), accepted, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ModelError(
                 f"data has a key {key!r} that {_name(model)}() does not accept; it accepts "
