@@ -568,4 +568,7 @@ def _is_var(v) -> bool:
 
 
 def _name(model: Callable) -> str:
+    """The model's function name, seeing through functools.partial."""
+    while not hasattr(model, "__name__") and hasattr(model, "func"):
+        model = model.func
     return getattr(model, "__name__", "model")

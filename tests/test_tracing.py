@@ -496,6 +496,13 @@ def test_error_unknown_data_key():
     assert "Rename or drop the key" in msg
 
 
+def test_error_names_a_partial_models_function():
+    import functools
+
+    with pytest.raises(ModelError, match=r"regression\(\) does not accept"):
+        trace(functools.partial(regression, X=np.ones((3, 2))), {"Z": 1})
+
+
 def test_error_missing_required_argument():
     with pytest.raises(ModelError, match=r"needs the argument 'X'.*data=\{'X'"):
         trace(regression, {"y": np.zeros(3)})
