@@ -474,7 +474,7 @@ def factor(ctx: Ctx, p: Poly):
     if not np.any(multi):
         return pieces
     # elements that are sums of several terms: only z^a (1-z)^b monomials can combine
-    for (m, t), n in zip(items, nz):
+    for (m, _t), n in zip(items, nz):
         if np.any(n & multi) and (m.has_log() or m.ind or m.cross):
             return None
     idx = None
@@ -620,7 +620,12 @@ def exp(ctx: Ctx, p: Poly) -> Poly | None:
     for ka, kw in uniq:
         mask = (keys[..., 0] == ka) & (keys[..., 1] == kw)
         m = Mono(_pw(ka), _pw(kw))
-        emit(ctx, out, m, Term(np.where(mask, eb, 0.0).astype(ctx.cdtype), None if m == CONST else idx))
+        emit(
+            ctx,
+            out,
+            m,
+            Term(np.where(mask, eb, 0.0).astype(ctx.cdtype), None if m == CONST else idx),
+        )
     return Poly(_drop_zero(out), shape)
 
 

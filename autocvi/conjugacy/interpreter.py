@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import os
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
@@ -435,9 +434,7 @@ def _multi_operand(it, eqn, ins, positions, combine_idx=True):
             else:
                 cs[k] = np.broadcast_to(t.c, shp)
                 ids[k] = (
-                    np.broadcast_to(t.idx, shp)
-                    if t.idx is not None
-                    else np.full(shp, -1, np.int64)
+                    np.broadcast_to(t.idx, shp) if t.idx is not None else np.full(shp, -1, np.int64)
                 )
         if mixed:
             terms[m] = Term(None)
@@ -864,7 +861,6 @@ def r_select_n(it, eqn, ins):
 
 @rule("reduce_max", "reduce_min")
 def r_reduce_maxmin(it, eqn, ins):
-    ctx = it.ctx
     axes = tuple(eqn.params["axes"])
     shape = _aval_shape(eqn.outvars[0])
     x = ins[0]

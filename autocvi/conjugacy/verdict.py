@@ -152,7 +152,9 @@ def _trace(fn, values, kind: str):
 
 def _target_position(values, target) -> int:
     paths, _ = jax.tree_util.tree_flatten_with_path(values)
-    hits = [i for i, (path, _) in enumerate(paths) if path and getattr(path[0], "key", None) == target]
+    hits = [
+        i for i, (path, _) in enumerate(paths) if path and getattr(path[0], "key", None) == target
+    ]
     if len(hits) != 1:
         raise ValueError(
             f"target {target!r} must be a key of `values` holding a single array "
@@ -383,7 +385,9 @@ def _judge(ctx: Ctx, spec: FamilySpec, run: _Run, site_name, params: dict) -> Ed
             )
         else:
             badn = ", ".join(A.mono_name(m, s, spec.name) for m in bad)
-            reason = f"the log density of {site} contains {badn}, outside the span of ({span}){hint}."
+            reason = (
+                f"the log density of {site} contains {badn}, outside the span of ({span}){hint}."
+            )
         return EdgeVerdict(False, found_names, reason, forms)
     for m in monos:
         t = L.terms[m]
