@@ -414,11 +414,15 @@ def _check_observed_value(site: dict, var: VariableNode) -> None:
             f"{var.event_shape}; plates: {plates}). {_shape_hint(shape, var)}"
         )
     arr = np.asarray(value)
-    mask = _site_mask(fn)
-    if np.all(mask is False) or (np.ndim(mask) == 0 and not bool(mask)):
-        return
     event_ndim = len(var.event_shape)
-    mask = np.broadcast_to(np.reshape(mask, np.shape(mask) + (1,) * event_ndim), arr.shape)
+    batch_shape = arr.shape[: arr.ndim - event_ndim]
+    try:  # entries the model masks out (handlers.mask, obs_mask) may hold anything
+        batch_mask = np.broadcast_to(np.asarray(_site_mask(fn), dtype=bool), batch_shape)
+    except ValueError:
+        batch_mask = np.ones(batch_shape, dtype=bool)
+    if not batch_mask.any():
+        return
+    mask = np.broadcast_to(batch_mask.reshape(batch_shape + (1,) * event_ndim), arr.shape)
     if np.issubdtype(arr.dtype, np.inexact):
         bad = np.argwhere(~np.isfinite(arr) & mask)
         if len(bad):
@@ -429,11 +433,10 @@ def _check_observed_value(site: dict, var: VariableNode) -> None:
                 f"`with numpyro.handlers.mask(mask=jnp.isfinite(y)):`."
             )
     try:
-        inside = np.asarray(fn.support(value))
-    except Exception:  # a constraint without a check: nothing to say
+        inside = np.broadcast_to(np.asarray(fn.support(value), dtype=bool), batch_shape)
+    except Exception:  # a constraint without a check, or an odd shape: nothing to say
         return
-    batch_mask = mask[(...,) + (0,) * event_ndim] if event_ndim else mask
-    bad = np.argwhere(~np.broadcast_to(inside, batch_mask.shape) & batch_mask)
+    bad = np.argwhere(~inside & batch_mask)
     if len(bad):
         index = tuple(int(i) for i in bad[0])
         raise ModelError(

@@ -583,6 +583,14 @@ def test_error_observation_outside_support():
     msg = str(e.value)
     assert "site 'y'" in msg and "outside the support" in msg and "index (2,)" in msg
 
+    def masked(y):
+        a = numpyro.sample("a", dist.Normal(0.0, 1.0))
+        with numpyro.plate("N", 3), numpyro.handlers.mask(mask=y < 2):
+            numpyro.sample("y", dist.Bernoulli(logits=a), obs=y)
+
+    g = trace(masked, {"y": np.array([0, 1, 2])})
+    assert g.factors["y"].latents == ("a",)
+
 
 def test_error_shape_mismatch_with_plate():
     with pytest.raises(ModelError) as e:
