@@ -228,10 +228,11 @@ def damped_update(fam, old, message, beta, halvings: int = 12):
         new = jax.tree_util.tree_map(leaf, old, message)
         return new, _valid(fam, new, batch_shape)
 
-    b = jnp.full(batch_shape, beta, dtype=jnp.result_type(float))
-    for _ in range(halvings):
-        _, ok = combine(b)
-        b = jnp.where(ok, b, 0.5 * b)
+    def halve(_, b):
+        return jnp.where(combine(b)[1], b, 0.5 * b)
+
+    b0 = jnp.full(batch_shape, beta, dtype=jnp.result_type(float))
+    b = jax.lax.fori_loop(0, halvings, halve, b0)
     new, ok = combine(b)
 
     def keep(o, n):

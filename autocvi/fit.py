@@ -125,7 +125,7 @@ def fit(
     if tol is None:
         tol = 1e-6 if exact else 1e-4
     algorithm = cvi(schedule)
-    state = algorithm.init(rng_key) if init_state is None else init_state
+    state = jax.jit(algorithm.init)(rng_key) if init_state is None else init_state
     step = jax.jit(algorithm.step)
 
     elbos: list[float] = []

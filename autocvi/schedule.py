@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro
+from jax._src.interpreters import partial_eval as pe
+from jax.extend import core as jax_core
 
 from .classify import latent_layouts
 from .expectations import Alignment, PointSet, alignment, expect, moment_point_set
@@ -120,12 +123,13 @@ def build_schedule(
     layouts = latent_layouts(graph)
     values = graph.example_values
     params = {n: values[n] for n in graph.params}
+    example = {**values, **_plate_examples(graph)}
     factors: dict[str, FactorPlan] = {}
     new_edges: dict[tuple[str, str], EdgeInfo] = {}
     for fac in graph.factors.values():
         if not fac.latents:
             continue
-        log_density = graph.log_density_fn(fac.name)
+        log_density = _compiled_log_density(graph.log_density_fn(fac.name), example)
         out = jax.eval_shape(log_density, values)
         factor_ndim = len(out.shape)
         aligns = {}
@@ -206,6 +210,42 @@ def build_schedule(
     return schedule
 
 
+def _compiled_log_density(log_density: Callable, example: dict) -> Callable:
+    """The factor's log density as a dead-code-eliminated jaxpr.
+
+    The model is traced once here (with numpyro's support checks off, since
+    moment nodes may lie off the support, e.g. Dirichlet's pseudo-node, where
+    the factor's affine formula is still the one to evaluate); the engine then
+    replays only the equations the factor needs instead of re-running the whole
+    model inside every message, which keeps compilation small (DESIGN.md sec. 5).
+    """
+    names = sorted(example)
+
+    def flat_fn(*xs):
+        with numpyro.validation_enabled(False):
+            return log_density(dict(zip(names, xs)))
+
+    closed = jax.make_jaxpr(flat_fn)(*(example[n] for n in names))
+    jaxpr, used = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
+    kept = [n for n, u in zip(names, used) if u]
+    fn = jax_core.jaxpr_as_fun(jax_core.ClosedJaxpr(jaxpr, closed.consts))
+
+    def evaluate(values):
+        return fn(*(values[n] for n in kept))[0]
+
+    return evaluate
+
+
+def _plate_examples(graph: FactorGraph) -> dict:
+    """Example subsample indices for every subsampled plate (an input of the factors)."""
+    out = {}
+    for fac in graph.factors.values():
+        for p in fac.plates:
+            if p.subsampled:
+                out[p.name] = jnp.arange(p.subsample_size)
+    return out
+
+
 def _message_kind(layout: LatentLayout, conjugate: bool) -> str:
     if conjugate:
         return "exact"
@@ -258,8 +298,13 @@ def _couples_elements(fplan: FactorPlan, latent, layouts, values, params, key) -
     perm = perm.reshape(perm.shape + (1,) * (nodes.ndim - perm.ndim))
     shuffled = jnp.take_along_axis(nodes, jnp.broadcast_to(perm, nodes.shape), axis=0)
     mixed = PointSet(lay.to_site(shuffled), shared.weights)
-    e1 = expect(fplan.log_density, {latent: shared}, fixed)
-    e2 = expect(fplan.log_density, {latent: mixed}, fixed)
+    both = jax.jit(
+        lambda: (
+            expect(fplan.log_density, {latent: shared}, fixed),
+            expect(fplan.log_density, {latent: mixed}, fixed),
+        )
+    )
+    e1, e2 = both()
     scale = 1.0 + abs(float(e1))
     return not bool(np.isfinite(float(e1))) or abs(float(e1) - float(e2)) > 1e-5 * scale
 
