@@ -1,0 +1,536 @@
+"""Split a factor's log density into an affine linear predictor and the rest.
+
+For a Gaussian latent ``w`` and a non-conjugate factor whose per-element log
+density depends on ``w`` only through a scalar predictor per element,
+``eta_n = a_n^T w + b_n``, CVI computes the natural-gradient message by 1-D
+Gauss-Hermite quadrature on ``eta`` (Khan & Lin 2017, App. B.1/E.1:
+``dE/dm = E[l']``, ``dE/dv = E[l'']/2``).  This module finds that split
+automatically::
+
+    lp = find_linear_predictor(fn, values, target)   # LinearPredictor | None
+    eta = lp.eta_fn(values)                          # affine in values[target]
+    fn(values) == lp.rest_fn(eta, values)            # rest_fn ignores values[target]
+
+Mechanism.  ``fn`` is traced to a jaxpr; ``jit``/``closed_call``/``remat``
+sub-jaxprs are inlined into one flat graph of equations.  A forward pass
+classifies every variable w.r.t. the target as CONST / AFFINE / OTHER.  Among
+the AFFINE variables with exactly the output's shape, the one closest to the
+output that *dominates* it (every dependency path from the target to the
+output passes through it) becomes ``eta``.  The rest of the graph (the
+equations the output needs once ``eta`` is given) must be elementwise in
+``eta``: checked structurally (a whitelist of elementwise primitives, identity
+reshapes, custom-derivative calls analysed inside) and, as a safety net,
+numerically by Jacobian-vector products with one-hot tangents.  Anything not
+proven is rejected: the function returns ``None`` rather than a wrong split.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
+
+__all__ = ["LinearPredictor", "find_linear_predictor"]
+
+
+class LinearPredictor(NamedTuple):
+    """``fn(values) == rest_fn(eta_fn(values), values)``.
+
+    ``eta_fn(values)`` has the factor's output shape and is affine in
+    ``values[target]``; ``rest_fn(eta, values)`` never reads
+    ``values[target]`` (the key may even be absent) and each output element
+    depends only on the same element of ``eta``.  Both are pure JAX functions
+    (jit/vmap/grad compatible) for values of the traced shapes; map over extra
+    leading axes (e.g. quadrature nodes) with ``jax.vmap``.
+    """
+
+    eta_fn: Callable[[dict], Any]
+    rest_fn: Callable[[Any, dict], Any]
+
+
+# --------------------------------------------------------------------------
+# Flat graph: jaxpr with call-like sub-jaxprs inlined
+# --------------------------------------------------------------------------
+
+# Call-like primitives whose body is evaluated as-is: safe to inline.
+_INLINE = frozenset({"pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint"})
+# Custom-derivative calls: kept as one equation (their JVP/VJP rules matter
+# for gradients), but analysed through their primal body.
+_CUSTOM = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
+
+
+class _Lit(NamedTuple):
+    val: Any
+    aval: Any
+
+
+class _Eqn(NamedTuple):
+    prim: Any
+    params: dict
+    ins: tuple  # node ids (int) or _Lit
+    outs: tuple  # node ids; -1 for dropped outputs
+
+
+class _Graph:
+    """Equations over integer node ids, in topological order."""
+
+    def __init__(self):
+        self.avals: list = []
+        self.eqns: list[_Eqn] = []
+        self.consts: dict[int, Any] = {}
+        self.inputs: list[int] = []
+        self.outputs: list = []  # node ids or _Lit
+
+    def new(self, aval) -> int:
+        self.avals.append(aval)
+        return len(self.avals) - 1
+
+
+def _sub_jaxpr(params) -> tuple[Jaxpr, list]:
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        sub = params.get(key)
+        if isinstance(sub, ClosedJaxpr):
+            return sub.jaxpr, list(sub.consts)
+        if isinstance(sub, Jaxpr):
+            return sub, []
+    return None, None
+
+
+def _flatten_into(g: _Graph, jaxpr: Jaxpr, consts, in_refs) -> list:
+    env: dict = {}
+
+    def read(v):
+        return _Lit(v.val, v.aval) if isinstance(v, Literal) else env[v]
+
+    for v, c in zip(jaxpr.constvars, consts):
+        i = g.new(v.aval)
+        g.consts[i] = c
+        env[v] = i
+    for v, r in zip(jaxpr.invars, in_refs):
+        env[v] = r
+    for eqn in jaxpr.eqns:
+        ins = [read(v) for v in eqn.invars]
+        name = eqn.primitive.name
+        sub, sub_consts = _sub_jaxpr(eqn.params) if name in _INLINE else (None, None)
+        if (
+            sub is not None
+            and len(sub.constvars) == len(sub_consts)
+            and len(sub.invars) == len(ins)
+        ):
+            outs = _flatten_into(g, sub, sub_consts, ins)
+            for v, r in zip(eqn.outvars, outs):
+                env[v] = r
+            continue
+        out_ids = []
+        for v in eqn.outvars:
+            i = g.new(v.aval)
+            out_ids.append(i)
+            env[v] = i
+        g.eqns.append(_Eqn(eqn.primitive, dict(eqn.params), tuple(ins), tuple(out_ids)))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _flatten(closed: ClosedJaxpr) -> _Graph:
+    g = _Graph()
+    g.inputs = [g.new(v.aval) for v in closed.jaxpr.invars]
+    g.outputs = _flatten_into(g, closed.jaxpr, closed.consts, g.inputs)
+    return g
+
+
+def _eval(g: _Graph, plan: list[int], env: dict, targets: list) -> list:
+    """Run the equations ``plan`` (indices into ``g.eqns``) on ``env``."""
+
+    def read(r):
+        return r.val if isinstance(r, _Lit) else env[r]
+
+    for k in plan:
+        e = g.eqns[k]
+        params = e.prim.get_bind_params(e.params)
+        ans = e.prim.bind(*(read(r) for r in e.ins), **params)
+        if not e.prim.multiple_results:
+            ans = [ans]
+        for i, a in zip(e.outs, ans):
+            env[i] = a
+    return [read(r) for r in targets]
+
+
+def _live(g: _Graph, targets: list, stop: frozenset = frozenset()) -> list[int]:
+    """Equations needed for ``targets``, treating nodes in ``stop`` as given."""
+    need = {r for r in targets if isinstance(r, int) and r not in stop}
+    plan = []
+    for k in range(len(g.eqns) - 1, -1, -1):
+        e = g.eqns[k]
+        if any(o in need for o in e.outs):
+            plan.append(k)
+            for r in e.ins:
+                if isinstance(r, int) and r not in stop:
+                    need.add(r)
+    plan.reverse()
+    return plan
+
+
+# --------------------------------------------------------------------------
+# Affine analysis w.r.t. the target
+# --------------------------------------------------------------------------
+
+CONST, AFFINE, OTHER = 0, 1, 2
+
+# Linear structural primitives: output AFFINE if every operand is AFFINE/CONST.
+_LINEAR_ALL = frozenset(
+    {
+        "add",
+        "add_any",
+        "sub",
+        "neg",
+        "reduce_sum",
+        "broadcast_in_dim",
+        "reshape",
+        "squeeze",
+        "expand_dims",
+        "transpose",
+        "slice",
+        "rev",
+        "copy",
+        "copy_p",
+        "concatenate",
+        "pad",
+        "cumsum",
+        "split",
+    }
+)
+
+
+def _is_float(aval) -> bool:
+    return jnp.issubdtype(aval.dtype, jnp.inexact)
+
+
+def _affine_rule(e: _Eqn, cls: list[int], g: _Graph) -> list[int]:
+    name = e.prim.name
+    n_out = len(e.outs)
+    if all(c == CONST for c in cls):
+        return [CONST] * n_out
+    if any(c == OTHER for c in cls):
+        return [OTHER] * n_out
+    # Some operand AFFINE, none OTHER.
+    ok = False
+    if name in _LINEAR_ALL:
+        ok = True
+        if name in ("reshape", "broadcast_in_dim"):  # dynamic-shape operands
+            ok = all(c == CONST for c in cls[1:])
+    elif name == "mul":
+        ok = cls.count(AFFINE) == 1
+    elif name == "div":
+        ok = cls[1] == CONST
+    elif name == "dot_general":
+        ok = cls.count(AFFINE) == 1
+    elif name == "convert_element_type":
+        ok = _is_float(_aval_of(g, e.ins[0]))
+    elif name == "select_n":
+        ok = cls[0] == CONST
+    elif name in ("dynamic_slice", "gather"):
+        ok = all(c == CONST for c in cls[1:])
+    elif name == "dynamic_update_slice":
+        ok = all(c == CONST for c in cls[2:])
+    elif name in ("scatter-add", "scatter_add", "scatter"):
+        ok = cls[1] == CONST
+    elif name == "triangular_solve":
+        ok = cls[0] == CONST
+    if ok and all(_is_float(g.avals[o]) for o in e.outs if o >= 0):
+        return [AFFINE] * n_out
+    return [OTHER] * n_out
+
+
+def _aval_of(g: _Graph, r):
+    return r.aval if isinstance(r, _Lit) else g.avals[r]
+
+
+def _classify(g: _Graph, in_cls: dict[int, int], rule) -> list[int]:
+    """Forward pass; nodes not in ``in_cls`` (consts, literals) are CONST."""
+    cls = [CONST] * len(g.avals)
+    for i, c in in_cls.items():
+        cls[i] = c
+    for e in g.eqns:
+        ic = [CONST if isinstance(r, _Lit) else cls[r] for r in e.ins]
+        for o, c in zip(e.outs, rule(e, ic, g)):
+            if o >= 0:
+                cls[o] = c
+    return cls
+
+
+def _custom_rule(e: _Eqn, cls: list[int], rule, **kw) -> list[int] | None:
+    """Analyse a custom-derivative call through its primal body."""
+    if e.prim.name not in _CUSTOM:
+        return None
+    sub, consts = _sub_jaxpr(e.params)
+    if sub is None:
+        return None
+    n_consts = len(cls) - len(sub.invars)
+    if n_consts != 0:
+        return None
+    sg = _flatten(ClosedJaxpr(sub, consts))
+    sub_cls = _classify(sg, dict(zip(sg.inputs, cls)), lambda ee, c, gg: rule(ee, c, gg, **kw))
+    return [CONST if isinstance(r, _Lit) else sub_cls[r] for r in sg.outputs]
+
+
+def _affine_rule_rec(e, cls, g):
+    if e.prim.name in _CUSTOM and any(c != CONST for c in cls):
+        out = _custom_rule(e, cls, _affine_rule_rec)
+        if out is not None:
+            return out
+    return _affine_rule(e, cls, g)
+
+
+# --------------------------------------------------------------------------
+# Elementwise analysis of the rest w.r.t. eta
+# --------------------------------------------------------------------------
+
+DIAG = AFFINE  # "element i depends only on eta[i]"
+
+_ELEMENTWISE = frozenset(
+    """abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e
+    cbrt ceil clamp conj convert_element_type copy copy_p cos cosh digamma div eq erf
+    erf_inv erfc exp exp2 expm1 floor ge gt igamma igamma_grad_a igammac imag
+    integer_pow is_finite le lgamma log log1p logistic lt max min mul ne neg nextafter
+    not or polygamma pow random_gamma_grad real reduce_precision
+    regularized_incomplete_beta rem round rsqrt select_n sign sin sinh sqrt square sub
+    tan tanh xor zeta complex""".split()
+)
+
+
+def _diag_rule(e: _Eqn, cls: list[int], g: _Graph, shape=()) -> list[int]:
+    name = e.prim.name
+    n_out = len(e.outs)
+    if all(c == CONST for c in cls):
+        return [CONST] * n_out
+    if any(c == OTHER for c in cls):
+        return [OTHER] * n_out
+    if name in _CUSTOM:
+        out = _custom_rule(e, cls, _diag_rule, shape=shape)
+        return out if out is not None else [OTHER] * n_out
+    diag_shapes_ok = all(
+        _aval_of(g, r).shape == shape for r, c in zip(e.ins, cls) if c == DIAG
+    ) and all(g.avals[o].shape == shape for o in e.outs if o >= 0)
+    if not diag_shapes_ok or n_out != 1:
+        return [OTHER] * n_out
+    p = e.params
+    nd = len(shape)
+    ok = name in _ELEMENTWISE
+    if name == "broadcast_in_dim":
+        ok = tuple(p["broadcast_dimensions"]) == tuple(range(nd)) and all(
+            c == CONST for c in cls[1:]
+        )
+    elif name == "reshape":
+        ok = p.get("dimensions") is None and all(c == CONST for c in cls[1:])
+    elif name == "squeeze":
+        ok = tuple(p["dimensions"]) == ()
+    elif name == "transpose":
+        ok = tuple(p["permutation"]) == tuple(range(nd))
+    elif name == "reduce_sum":
+        ok = tuple(p["axes"]) == ()
+    return [DIAG if ok else OTHER]
+
+
+# --------------------------------------------------------------------------
+# Dominators
+# --------------------------------------------------------------------------
+
+
+def _taints_output(g: _Graph, source: int, clean: int | None, out: int) -> bool:
+    """Does a dependency path from ``source`` reach ``out`` avoiding ``clean``?"""
+    if source == clean:
+        return False
+    tainted = {source}
+    for e in g.eqns:
+        if any(isinstance(r, int) and r in tainted for r in e.ins):
+            for o in e.outs:
+                if o >= 0 and o != clean:
+                    tainted.add(o)
+    return out in tainted
+
+
+# --------------------------------------------------------------------------
+# Public entry point
+# --------------------------------------------------------------------------
+
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _signature(values, target):
+    leaves, treedef = jax.tree_util.tree_flatten(values)
+    return (
+        treedef,
+        tuple((tuple(jnp.shape(x)), jnp.result_type(x).name) for x in leaves),
+        target,
+    )
+
+
+def find_linear_predictor(
+    fn: Callable[[dict], Any], values: dict, target: str
+) -> LinearPredictor | None:
+    """Split ``fn`` into an affine predictor of ``values[target]`` and the rest.
+
+    Returns ``None`` unless ``fn(values)`` (one array) depends on
+    ``values[target]`` only through one intermediate ``eta`` that is affine in
+    the target, has exactly the output's shape, and each output element
+    depends only on the same element of ``eta``.  Also ``None`` if the output
+    does not depend on the target at all.  Results are cached per ``fn``
+    object and value shapes/dtypes.
+    """
+    if target not in values:
+        raise KeyError(f"target {target!r} is not a key of values")
+    sig = _signature(values, target)
+    try:
+        per_fn = _CACHE.get(fn)
+    except TypeError:  # not weak-referenceable / hashable
+        per_fn = None
+    if per_fn is not None and sig in per_fn:
+        return per_fn[sig]
+    result, cacheable = _find(fn, values, target)
+    if cacheable:
+        try:
+            _CACHE.setdefault(fn, {})[sig] = result
+        except TypeError:
+            pass
+    return result
+
+
+def _find(fn, values, target) -> tuple[LinearPredictor | None, bool]:
+    leaves, treedef = jax.tree_util.tree_flatten(values)
+    keyed = jax.tree_util.tree_flatten_with_path(values)[0]
+    t_idx = [
+        k for k, (path, _) in enumerate(keyed) if path and getattr(path[0], "key", None) == target
+    ]
+    if len(t_idx) != 1:
+        return None, True  # target is not a single array
+    t_idx = t_idx[0]
+
+    def flat_fn(*xs):
+        return fn(jax.tree_util.tree_unflatten(treedef, xs))
+
+    closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
+    g = _flatten(closed)
+    # consts capturing an outer trace's tracers must not outlive that trace
+    cacheable = not any(isinstance(c, jax.core.Tracer) for c in g.consts.values())
+    if not isinstance(out_shape, jax.ShapeDtypeStruct):
+        return None, cacheable  # not a single array output
+    if len(g.outputs) != 1 or not isinstance(g.outputs[0], int):
+        return None, cacheable
+    out = g.outputs[0]
+    shape = tuple(out_shape.shape)
+    src = g.inputs[t_idx]
+    if not _is_float(g.avals[src]) or not _taints_output(g, src, None, out):
+        return None, cacheable
+
+    cls = _classify(g, {src: AFFINE}, _affine_rule_rec)
+    # Candidates, closest to the output first: outputs of later equations,
+    # then the target input itself.
+    cands = [o for e in reversed(g.eqns) for o in reversed(e.outs) if o >= 0]
+    cands.append(src)
+    in_avals = [g.avals[i] for i in g.inputs]
+    # abstract values or consts (inside an outer trace): structural check only
+    concrete = cacheable and not any(isinstance(x, jax.core.Tracer) for x in leaves)
+    for v in cands:
+        if cls[v] != AFFINE or tuple(g.avals[v].shape) != shape or not _is_float(g.avals[v]):
+            continue
+        if _taints_output(g, src, v, out):
+            continue
+        lp = _build(g, v, out, src, t_idx, treedef, in_avals, values, target, shape, concrete)
+        if lp is not None:
+            return lp, cacheable
+    return None, cacheable
+
+
+def _build(g, v, out, src, t_idx, treedef, in_avals, values, target, shape, concrete):
+    eta_plan = _live(g, [v])
+    rest_plan = _live(g, [out], stop=frozenset({v}))
+    rest_nodes = {o for k in rest_plan for o in g.eqns[k].outs} | {
+        r for k in rest_plan for r in g.eqns[k].ins if isinstance(r, int)
+    }
+    if (src != v and src in rest_nodes) or v in {o for k in rest_plan for o in g.eqns[k].outs}:
+        return None  # cannot happen for a dominator; be safe
+    # Structural elementwise check of the rest w.r.t. eta.
+    size = int(np.prod(shape, dtype=np.int64))
+    if size > 1:
+        sub = _Graph()
+        sub.avals, sub.consts, sub.inputs = g.avals, g.consts, g.inputs
+        sub.eqns = [g.eqns[k] for k in rest_plan]
+        dcls = _classify(sub, {v: DIAG}, lambda e, c, gg: _diag_rule(e, c, gg, shape=shape))
+        if out != v and dcls[out] == OTHER:
+            return None
+    eta_aval = g.avals[v]
+    n_leaves = len(in_avals)
+
+    def flat_values(vals, allow_missing_target):
+        if allow_missing_target and target not in vals:
+            vals = dict(vals)
+            a = in_avals[t_idx]
+            vals[target] = jnp.zeros(a.shape, a.dtype)
+        leaves, td = jax.tree_util.tree_flatten(vals)
+        if td != treedef or len(leaves) != n_leaves:
+            raise ValueError(f"values structure {td} differs from the traced structure {treedef}")
+        out_leaves = []
+        for x, a in zip(leaves, in_avals):
+            if tuple(jnp.shape(x)) != tuple(a.shape):
+                raise ValueError(
+                    f"value shape {jnp.shape(x)} differs from the traced shape {a.shape}; "
+                    "use jax.vmap for extra leading axes"
+                )
+            out_leaves.append(jnp.asarray(x, dtype=a.dtype))
+        return out_leaves
+
+    def base_env(leaves):
+        env = dict(g.consts)
+        env.update(zip(g.inputs, leaves))
+        return env
+
+    def eta_fn(vals):
+        env = base_env(flat_values(vals, False))
+        return _eval(g, eta_plan, env, [v])[0]
+
+    def rest_fn(eta, vals):
+        leaves = flat_values(vals, True)
+        env = base_env(leaves)
+        env.pop(src, None)  # never read the target
+        eta = jnp.asarray(eta, dtype=eta_aval.dtype)
+        if tuple(eta.shape) != shape:
+            raise ValueError(
+                f"eta shape {eta.shape} differs from {shape}; use jax.vmap for extra axes"
+            )
+        env[v] = eta
+        return _eval(g, rest_plan, env, [out])[0]
+
+    if size > 1 and concrete and not _numeric_elementwise_ok(eta_fn, rest_fn, values, shape):
+        return None
+    return LinearPredictor(eta_fn, rest_fn)
+
+
+def _numeric_elementwise_ok(eta_fn, rest_fn, values, shape) -> bool:
+    """Safety net: one-hot JVPs of ``rest_fn`` in eta stay on their element."""
+    size = int(np.prod(shape, dtype=np.int64))
+    rng = np.random.RandomState(0)
+    pos = sorted({0, size - 1, *rng.randint(0, size, size=min(4, size)).tolist()})
+    tangents = np.zeros((len(pos), size))
+    tangents[np.arange(len(pos)), pos] = 1.0
+    tangents = tangents.reshape((len(pos), *shape))
+    noise = rng.randn(*shape)
+
+    @jax.jit
+    def coupled(vals):
+        eta0 = eta_fn(vals)
+        t = jnp.asarray(tangents, dtype=eta0.dtype)
+        bad = jnp.zeros((), bool)
+        for eta in (eta0, eta0 + 0.5 * jnp.asarray(noise, dtype=eta0.dtype)):
+
+            def jvp(t1, eta=eta):
+                return jax.jvp(lambda e: rest_fn(e, vals), (eta,), (t1,))[1]
+
+            off = jnp.where(t == 0, jax.vmap(jvp)(t), 0.0)
+            bad = bad | jnp.any(jnp.isfinite(off) & (off != 0))
+        return bad
+
+    return not bool(coupled(values))
