@@ -19,6 +19,7 @@ Message kinds (CVI paper Alg. 2 and App. B.1, F):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -47,6 +48,9 @@ class FactorPlan:
     alignments: dict[str, Alignment]
     log_density: Callable = field(repr=False)
     subsampled: tuple[PlateInfo, ...] = ()
+    # latent -> LinearPredictor for non-conjugate Gaussian edges that see the
+    # latent only through a scalar affine predictor per element (Gauss-Hermite).
+    linear_predictors: dict = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
@@ -117,9 +121,17 @@ def plan(model, data=None, *, num_samples: int = 16, step_size: float | None = N
 
 
 def build_schedule(
-    graph: FactorGraph, *, num_samples: int = 16, step_size: float | None = None, rng_key=None
+    graph: FactorGraph,
+    *,
+    num_samples: int = 16,
+    step_size: float | None = None,
+    rng_key=None,
+    use_quadrature: bool = True,
 ) -> Schedule:
-    """Plan the schedule for an already classified graph (see :func:`plan`)."""
+    """Plan the schedule for an already classified graph (see :func:`plan`).
+
+    ``use_quadrature=False`` replaces Gauss-Hermite messages by Monte Carlo ones.
+    """
     layouts = latent_layouts(graph)
     values = graph.example_values
     params = {n: values[n] for n in graph.params}
@@ -149,6 +161,14 @@ def build_schedule(
                         "subsample_size from that plate to fit on the full data."
                     )
         _check_discrete(fac.name, layouts, aligns, conj)
+        predictors = {}
+        if use_quadrature:
+            for latent in fac.latents:
+                lp = _gauss_hermite_predictor(
+                    log_density, example, latent, layouts[latent], conj[latent], out.shape
+                )
+                if lp is not None:
+                    predictors[latent] = lp
         factors[fac.name] = FactorPlan(
             name=fac.name,
             latents=fac.latents,
@@ -156,6 +176,7 @@ def build_schedule(
             alignments=aligns,
             log_density=log_density,
             subsampled=tuple(p for p in fac.plates if p.subsampled),
+            linear_predictors=predictors,
         )
     # Jacobians of unconstrained nodes are factors of their own (non-conjugate).
     for name, lay in layouts.items():
@@ -191,7 +212,10 @@ def build_schedule(
         incoming = []
         for fname, fplan in factors.items():
             if name in fplan.latents:
-                incoming.append((fname, _message_kind(lay, fplan.conjugate[name])))
+                kind = _message_kind(lay, fplan.conjugate[name])
+                if kind == "monte-carlo" and name in fplan.linear_predictors:
+                    kind = "gauss-hermite"
+                incoming.append((fname, kind))
         nodes[name] = NodePlan(name, lay, tuple(incoming))
     # Discrete nodes first: their closed-form messages then seed the others
     # (the usual responsibilities-first order for mixtures and topic models).
@@ -244,6 +268,28 @@ def _plate_examples(graph: FactorGraph) -> dict:
             if p.subsampled:
                 out[p.name] = jnp.arange(p.subsample_size)
     return out
+
+
+# Largest Jacobian d eta / d z (elements) Gauss-Hermite messages may form.
+_MAX_PREDICTOR_JACOBIAN = 50_000_000
+
+
+def _gauss_hermite_predictor(log_density, example, latent, lay, conjugate, out_shape):
+    """A linear-predictor split of a non-conjugate factor for a Gaussian node, or None."""
+    if (
+        conjugate
+        or lay.transform is not None
+        or lay.q_family not in ("Normal", "MultivariateNormal")
+    ):
+        return None
+    if math.prod(out_shape) * math.prod(lay.shape) > _MAX_PREDICTOR_JACOBIAN:
+        return None
+    from .linear_predictor import find_linear_predictor
+
+    try:
+        return find_linear_predictor(log_density, example, latent)
+    except Exception:  # noqa: BLE001 - no split means the Monte Carlo message is used
+        return None
 
 
 def _message_kind(layout: LatentLayout, conjugate: bool) -> str:
