@@ -243,7 +243,10 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             else:
                 total = total + expectation(fplan, tensor, drawn, fixed, 0)
         for j in lam:
-            total = total + jnp.sum(layouts[j].fam.entropy(lam[j]))
+            entropy = jnp.sum(layouts[j].fam.entropy(lam[j]))
+            for _, plate in nodes[j].subsample_axes:
+                entropy = entropy * (plate.size / plate.subsample_size)
+            total = total + entropy
         # Factors without latent neighbours (observed-only terms) are constants.
         return total + _constant_terms(graph, params, fixed)
 
@@ -256,18 +259,29 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
 
     def step(state: CVIState):
         key, plate_key, elbo_key, sweep_key = jax.random.split(state.rng_key, 4)
-        fixed = {**params, **plate_indices(plate_key)}
-        lam = dict(state.natural)
+        indices = plate_indices(plate_key)
+        fixed = {**params, **indices}
+        # Local nodes of subsampled plates: work on the sampled elements only.
+        lam = {n: _gather(nodes[n], lam_n, indices) for n, lam_n in state.natural.items()}
         for i in schedule.order:
+            node = nodes[i]
             mus = {j: layouts[j].fam.natural_to_mean(lam[j]) for j in lam}
             total = None
-            for fname, kind in nodes[i].incoming:
+            for fname, kind in node.incoming:
                 sweep_key, sub = jax.random.split(sweep_key)
                 g = message_fns[kind](factors[fname], i, lam, mus, sub, fixed)
+                # Factors in a subsampled plate are scaled by N/B for the global
+                # nodes (an unbiased estimate, CVI Eq. 14); a local node's own
+                # elements must see them unscaled.
+                scale = _local_message_scale(node, factors[fname])
+                if scale != 1.0:
+                    g = jax.tree_util.tree_map(lambda a, c=scale: a * c, g)
                 total = g if total is None else jax.tree_util.tree_map(jnp.add, total, g)
+            beta = schedule.step_size_at(state.iteration, local=node.local)
             lam[i] = damped_update(layouts[i].fam, lam[i], total, beta)
         value = elbo(lam, elbo_key, fixed)
-        return CVIState(lam, key, state.iteration + 1), CVIInfo(value)
+        natural = {n: _scatter(nodes[n], state.natural[n], lam[n], indices) for n in state.natural}
+        return CVIState(natural, key, state.iteration + 1), CVIInfo(value)
 
     return CVIAlgorithm(init, step)
 
@@ -276,6 +290,38 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
 _GH_ORDER = 32
 _GH_NODES, _GH_WEIGHTS = (np.asarray(a) for a in np.polynomial.hermite_e.hermegauss(_GH_ORDER))
 _GH_WEIGHTS = _GH_WEIGHTS / np.sqrt(2.0 * np.pi)
+
+
+def _local_message_scale(node, fplan) -> float:
+    scale = 1.0
+    shared = {p.name for p in fplan.subsampled}
+    for _, plate in node.subsample_axes:
+        if plate.name in shared:
+            scale *= plate.subsample_size / plate.size
+    return scale
+
+
+def _gather(node, lam, indices):
+    """The sampled elements of a local node's natural parameters."""
+    for axis, plate in node.subsample_axes:
+        lam = jax.tree_util.tree_map(
+            lambda a, ax=axis, p=plate: jnp.take(a, indices[p.name], axis=ax), lam
+        )
+    return lam
+
+
+def _scatter(node, full, sub, indices):
+    """Write the updated sampled elements back into the full natural parameters."""
+    if not node.subsample_axes:
+        return sub
+    ((axis, plate),) = node.subsample_axes
+    idx = indices[plate.name]
+
+    def put(a, b):
+        moved = jnp.moveaxis(a, axis, 0).at[idx].set(jnp.moveaxis(b, axis, 0))
+        return jnp.moveaxis(moved, 0, axis)
+
+    return jax.tree_util.tree_map(put, full, sub)
 
 
 def damped_update(fam, old, message, beta, halvings: int = 12):

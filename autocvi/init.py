@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from .expectations import expect, moment_point_set
-from .schedule import Schedule, _reference_natural
+from .schedule import Schedule, _plate_examples, _reference_natural
 
 __all__ = ["initial_natural"]
 
@@ -25,17 +25,18 @@ def initial_natural(schedule: Schedule, rng_key) -> dict:
     """``{latent: natural parameters}`` to start CVI from."""
     values = schedule.graph.example_values
     params = schedule.params
+    plates = _plate_examples(schedule.graph)
     natural = {}
     for name, node in schedule.nodes.items():
         lay = node.layout
         rng_key, sub = jax.random.split(rng_key)
         draw = lay.from_site(values[name])
         if lay.transform is not None:
-            natural[name] = _gaussian_at(lay, draw, _UNCONSTRAINED_INIT_VAR)
+            natural[name] = _full_size(node, _gaussian_at(lay, draw, _UNCONSTRAINED_INIT_VAR))
             continue
         fplan = schedule.factors[name]
         align = fplan.alignments[name]
-        fixed = {**params, **{j: values[j] for j in fplan.latents if j != name}}
+        fixed = {**plates, **params, **{j: values[j] for j in fplan.latents if j != name}}
 
         def expected(mu, lay=lay, fplan=fplan, align=align, fixed=fixed, name=name):
             return expect(fplan.log_density, {name: moment_point_set(lay, mu, align)}, fixed)
@@ -47,8 +48,16 @@ def initial_natural(schedule: Schedule, rng_key) -> dict:
             lam = (-2.0 * jnp.einsum("...ij,...j->...i", lam[1], draw), lam[1])
         elif lay.q_family == "Normal":
             lam = (-2.0 * lam[1] * draw, lam[1])
-        natural[name] = lam
+        natural[name] = _full_size(node, lam)
     return natural
+
+
+def _full_size(node, lam):
+    """Tile a local node's sampled elements up to the plate's full size N."""
+    for axis, plate in node.subsample_axes:
+        take = jnp.arange(plate.size) % plate.subsample_size
+        lam = jax.tree_util.tree_map(lambda a, ax=axis, t=take: jnp.take(a, t, axis=ax), lam)
+    return lam
 
 
 def _gaussian_at(lay, mean, var):

@@ -60,6 +60,13 @@ class NodePlan:
     name: str
     layout: LatentLayout
     incoming: tuple[tuple[str, str], ...]
+    # (axis, plate) for every subsampled plate the node lives in: the state
+    # holds all N elements along ``axis``; a step updates the B sampled ones.
+    subsample_axes: tuple[tuple[int, PlateInfo], ...] = ()
+
+    @property
+    def local(self) -> bool:
+        return bool(self.subsample_axes)
 
 
 @dataclass
@@ -73,6 +80,15 @@ class Schedule:
     step_size: float
     num_samples: int
     params: dict = field(default_factory=dict, repr=False)
+    # Global nodes of a subsampled model use beta_t = step_size * (1 + t)^-decay
+    # (Robbins-Monro, as stochastic VI, Hoffman et al. 2013); local nodes use step_size.
+    step_size_decay: float = 0.0
+
+    def step_size_at(self, iteration, local: bool = False):
+        """beta at ``iteration`` (a traced integer) for a global or local node."""
+        if local or self.step_size_decay == 0.0:
+            return self.step_size
+        return self.step_size * (1.0 + iteration) ** (-self.step_size_decay)
 
     @property
     def all_exact(self) -> bool:
@@ -84,6 +100,8 @@ class Schedule:
             node = self.nodes[name]
             msgs = "; ".join(f"{f} ({k})" for f, k in node.incoming)
             shape = "x".join(str(s) for s in node.layout.shape) or "scalar"
+            if node.local:
+                shape += " (local: " + ", ".join(str(p) for _, p in node.subsample_axes) + ")"
             rows.append((pos + 1, name, node.layout.family, shape, msgs))
         sub = sorted({str(p) for f in self.factors.values() for p in f.subsampled})
         kinds = sorted({k for n in self.nodes.values() for _, k in n.incoming})
@@ -91,6 +109,11 @@ class Schedule:
             f"Schedule: {len(self.nodes)} nodes updated one after another in the order below, "
             f"every iteration (block coordinate ascent)",
             f"  step size beta = {self.step_size:g}"
+            + (
+                f" x (1 + t)^-{self.step_size_decay:g} for global nodes"
+                if self.step_size_decay
+                else ""
+            )
             + (
                 " (all messages exact: this is VMP)"
                 if self.all_exact
@@ -127,6 +150,7 @@ def build_schedule(
     step_size: float | None = None,
     rng_key=None,
     use_quadrature: bool = True,
+    step_size_decay: float | None = None,
 ) -> Schedule:
     """Plan the schedule for an already classified graph (see :func:`plan`).
 
@@ -142,7 +166,7 @@ def build_schedule(
         if not fac.latents:
             continue
         log_density = _compiled_log_density(graph.log_density_fn(fac.name), example)
-        out = jax.eval_shape(log_density, values)
+        out = jax.eval_shape(log_density, example)
         factor_ndim = len(out.shape)
         aligns = {}
         conj = {}
@@ -153,13 +177,6 @@ def build_schedule(
             )
             edge = graph.edges.get((fac.name, latent), EdgeInfo())
             conj[latent] = bool(edge.conjugate)
-            for p in var.plates:
-                if p.subsampled:
-                    raise NotImplementedError(
-                        f"latent site {latent!r} is inside the subsampled plate {p.name!r}: "
-                        "local latents under subsampling are not supported yet. Remove "
-                        "subsample_size from that plate to fit on the full data."
-                    )
         _check_discrete(fac.name, layouts, aligns, conj)
         predictors = {}
         if use_quadrature:
@@ -195,7 +212,7 @@ def build_schedule(
                 and not all(a is not None for a in fplan.alignments[latent].axes)
             ):
                 key, sub = jax.random.split(key)
-                if _couples_elements(fplan, latent, layouts, values, params, sub):
+                if _couples_elements(fplan, latent, layouts, example, params, sub):
                     fplan.conjugate[latent] = False
                     new_edges[(fname, latent)] = EdgeInfo(
                         conjugate=False,
@@ -216,12 +233,22 @@ def build_schedule(
                 if kind == "monte-carlo" and name in fplan.linear_predictors:
                     kind = "gauss-hermite"
                 incoming.append((fname, kind))
-        nodes[name] = NodePlan(name, lay, tuple(incoming))
+        var = graph.variables[name]
+        sub_axes = tuple((len(var.batch_shape) + p.dim, p) for p in var.plates if p.subsampled)
+        if len(sub_axes) > 1:
+            raise NotImplementedError(
+                f"latent site {name!r} is inside two subsampled plates "
+                f"({', '.join(p.name for _, p in sub_axes)}); subsample at most one of them."
+            )
+        nodes[name] = NodePlan(name, lay, tuple(incoming), sub_axes)
+
     # Discrete nodes first: their closed-form messages then seed the others
-    # (the usual responsibilities-first order for mixtures and topic models).
-    order = tuple(n for n in layouts if layouts[n].discrete) + tuple(
-        n for n in layouts if not layouts[n].discrete
-    )
+    # (the usual responsibilities-first order for mixtures and topic models);
+    # then local nodes of subsampled plates, then globals (stochastic VI order).
+    def rank(n):
+        return 0 if layouts[n].discrete else (1 if nodes[n].local else 2)
+
+    order = tuple(sorted(layouts, key=rank))
     edges = dict(new_edges)
     for name, node in nodes.items():
         for fname, kind in node.incoming:
@@ -231,6 +258,10 @@ def build_schedule(
     graph = graph.with_edges(edges)
     schedule = Schedule(graph, nodes, factors, order, 1.0, num_samples, params)
     schedule.step_size = (1.0 if schedule.all_exact else 0.5) if step_size is None else step_size
+    if any(f.subsampled for f in factors.values()):
+        schedule.step_size_decay = 0.6 if step_size_decay is None else step_size_decay
+    elif step_size_decay is not None:
+        schedule.step_size_decay = step_size_decay
     return schedule
 
 
@@ -335,7 +366,7 @@ def _couples_elements(fplan: FactorPlan, latent, layouts, values, params, key) -
     """
     lay = layouts[latent]
     mu = lay.fam.natural_to_mean(_reference_natural(lay, key))
-    fixed = {**params, **{j: values[j] for j in fplan.latents if j != latent}}
+    fixed = {**params, **{k: v for k, v in values.items() if k != latent}}
     shared = moment_point_set(lay, mu, fplan.alignments[latent])
     nodes, _ = lay.fam.moment_nodes(mu)
     p = nodes.shape[0]
