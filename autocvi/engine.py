@@ -59,7 +59,6 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
     layouts = {n: node.layout for n, node in nodes.items()}
     factors = schedule.factors
     num_samples = schedule.num_samples
-    beta = schedule.step_size
     params = schedule.params
     graph = schedule.graph
 
