@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import os
 
-import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
 from . import algebra as A
 from .algebra import CONST, IND, IND_CROSS, Ctx, Mono, Opaque, Origin, Poly, Term
+from .npeval import NP_IMPL, np_dot_general
 
 __all__ = ["Interpreter", "Val", "RULES"]
 
@@ -66,6 +66,85 @@ class Val:
 
     def at(self, d: int):
         return self.const if self.abs is None else self.conc()[d]
+
+
+def prim_bind(eqn, args, params=None):
+    """Bind ``eqn``'s primitive on concrete arrays: numpy when implemented, else jax."""
+    params = eqn.params if params is None else params
+    f = NP_IMPL.get(eqn.primitive.name)
+    if f is not None:
+        try:
+            with np.errstate(all="ignore"):
+                return f(*args, **params)
+        except Exception:
+            pass
+    return eqn.primitive.bind(*args, **params)
+
+
+def bind_eqn(eqn, args):
+    """Evaluate one equation on concrete arguments (as ``jax.core.eval_jaxpr`` does)."""
+    f = NP_IMPL.get(eqn.primitive.name)
+    if f is not None:
+        try:
+            with np.errstate(all="ignore"):
+                out = f(*args, **eqn.params)
+            if eqn.primitive.multiple_results:
+                return [np.asarray(o, dtype=v.aval.dtype) for o, v in zip(out, eqn.outvars)]
+            return np.asarray(out, dtype=eqn.outvars[0].aval.dtype)
+        except Exception:
+            pass
+    bp = eqn.primitive.get_bind_params(eqn.params)
+    if isinstance(bp, tuple):  # older jax: (subfuns, params)
+        subfuns, params = bp
+        return eqn.primitive.bind(*subfuns, *args, **params)
+    return eqn.primitive.bind(*args, **bp)
+
+
+def eval_concrete(jaxpr, consts, args) -> list:
+    """Plain evaluation of a jaxpr (numpy first, calls entered), like ``jax.core.eval_jaxpr``."""
+    env = {}
+
+    def read(v):
+        return v.val if isinstance(v, Literal) else env[v]
+
+    for v, c in zip(jaxpr.constvars, consts):
+        env[v] = c
+    for v, a in zip(jaxpr.invars, args):
+        env[v] = a
+    for eqn in jaxpr.eqns:
+        ins = [read(v) for v in eqn.invars]
+        name = eqn.primitive.name
+        if name == "cond":
+            k = int(np.clip(np.asarray(ins[0]), 0, len(eqn.params["branches"]) - 1))
+            j, c = _closed(eqn.params["branches"][k])
+            outs = eval_concrete(j, c, ins[1:])
+        elif name in CALL_PARAM:
+            key = CALL_PARAM[name]
+            if key not in eqn.params:
+                key = "fun_jaxpr"
+            j, c = _closed(eqn.params[key])
+            outs = eval_concrete(j, c, ins)
+        else:
+            out = bind_eqn(eqn, ins)
+            outs = out if eqn.primitive.multiple_results else [out]
+        for v, o in zip(eqn.outvars, outs):
+            if not isinstance(v, DropVar):
+                env[v] = o
+    return [read(v) for v in jaxpr.outvars]
+
+
+CALL_PARAM = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "remat": "jaxpr",
+    "remat2": "jaxpr",
+    "checkpoint": "jaxpr",
+}
 
 
 def _aval_shape(var) -> tuple:
@@ -144,7 +223,7 @@ class Interpreter:
             if not cache:
                 per = []
                 for d in range(self.D):
-                    out = eqn.primitive.bind(*[v.at(d) for v in ins], **eqn.params)
+                    out = bind_eqn(eqn, [v.at(d) for v in ins])
                     per.append(list(out) if multiple else [out])
                 cache.append(per)
             return cache[0]
@@ -225,11 +304,13 @@ class Interpreter:
         return [read(v) for v in jaxpr.outvars]
 
     def eval_eqn(self, eqn, ins: list[Val]) -> list[Val]:
+        name = eqn.primitive.name
         if not any(v.dep for v in ins):
-            out = eqn.primitive.bind(*[v.const for v in ins], **eqn.params)
+            if name in CALL_NAMES:
+                return RULES[name](self, eqn, ins)
+            out = bind_eqn(eqn, [v.const for v in ins])
             outs = out if eqn.primitive.multiple_results else [out]
             return [Val(None, const=o) for o in outs]
-        name = eqn.primitive.name
         rule = RULES.get(name)
         if self.ctx.discrete and name not in DISCRETE_SAFE:
             rule = discrete_rule
@@ -272,8 +353,8 @@ def rule(*names):
 def _cast_for(var, x):
     dt = var.aval.dtype
     if np.issubdtype(dt, np.floating):
-        return jnp.asarray(x, dtype=dt)
-    return jnp.asarray(x)
+        return np.asarray(x, dtype=dt)
+    return np.asarray(x)
 
 
 def _bind_coef(eqn, pos, c, consts: dict, ctx: Ctx, extra_params=None):
@@ -287,8 +368,7 @@ def _bind_coef(eqn, pos, c, consts: dict, ctx: Ctx, extra_params=None):
     params = dict(eqn.params)
     if extra_params:
         params.update(extra_params)
-    out = eqn.primitive.bind(*args, **params)
-    return out
+    return prim_bind(eqn, args, params)
 
 
 def _np_broadcast_in_dim(x, shape, dims):
@@ -440,7 +520,7 @@ def _multi_operand(it, eqn, ins, positions, combine_idx=True):
             terms[m] = Term(None)
             continue
         args = [_cast_for(eqn.invars[k], cs[k]) if k in cs else consts[k] for k in range(len(ins))]
-        c = np.asarray(eqn.primitive.bind(*args, **eqn.params), dtype=ctx.cdtype)
+        c = np.asarray(prim_bind(eqn, args), dtype=ctx.cdtype)
         if m == CONST or ctx.scalar:
             terms[m] = Term(c)
         elif not combine_idx:
@@ -450,7 +530,7 @@ def _multi_operand(it, eqn, ins, positions, combine_idx=True):
                 _cast_for(eqn.invars[k], ids[k].astype(np.float64)) if k in ids else consts[k]
                 for k in range(len(ins))
             ]
-            idx = np.rint(np.asarray(eqn.primitive.bind(*fargs, **eqn.params))).astype(np.int64)
+            idx = np.rint(np.asarray(prim_bind(eqn, fargs))).astype(np.int64)
             terms[m] = Term(c, idx)
     return [Poly(A._drop_zero(terms), shape)]
 
@@ -490,12 +570,10 @@ def r_split(it, eqn, ins):
         shape = _aval_shape(var)
 
         def fc(c, j=j):
-            return np.asarray(
-                eqn.primitive.bind(_cast_for(eqn.invars[0], c), **eqn.params)[j], ctx.cdtype
-            )
+            return np.asarray(prim_bind(eqn, [_cast_for(eqn.invars[0], c)])[j], ctx.cdtype)
 
         def fi(i, j=j):
-            x = eqn.primitive.bind(_cast_for(eqn.invars[0], i.astype(np.float64)), **eqn.params)
+            x = prim_bind(eqn, [_cast_for(eqn.invars[0], i.astype(np.float64))])
             return np.rint(np.asarray(x[j])).astype(np.int64)
 
         outs.append(A.map_struct(p, fc, fi, shape))
@@ -646,36 +724,63 @@ def r_reduce_sum(it, eqn, ins):
 def r_cumsum(it, eqn, ins):
     ctx = it.ctx
     shape = _aval_shape(eqn.outvars[0])
+    axis = int(eqn.params["axis"])
     consts = {}
 
     def f(c):
         return np.asarray(_bind_coef(eqn, 0, c, consts, ctx), dtype=ctx.cdtype)
 
-    return [A.linear(ctx, ins[0].abs, f, shape)]
+    def idx_rule(t):
+        hi = A.reduce_idx(t, (axis,))
+        if hi is None:
+            return None
+        return np.broadcast_to(np.expand_dims(hi, axis), shape)
+
+    return [A.linear(ctx, ins[0].abs, f, shape, idx_rule=idx_rule)]
+
+
+def _dot_idx_rule(dn, side: int, const):
+    """Index map through a dot_general with a constant operand.
+
+    An output element stays single-element when all the (nonzero) products it
+    sums involve the same element of z: with n_k = 1[A != 0] 1[c != 0] the
+    weights, that is sum n * (sum n idx^2) == (sum n idx)^2.
+    """
+    nza = (np.asarray(const) != 0).astype(np.float64)
+
+    def f(x):
+        return np_dot_general(x, nza, dn) if side == 0 else np_dot_general(nza, x, dn)
+
+    def rule_(t):
+        nz = (t.c != 0).astype(np.float64)
+        i = t.idx.astype(np.float64)
+        s0, s1, s2 = f(nz), f(nz * i), f(nz * i * i)
+        if not np.all(s0 * s2 == s1 * s1):
+            return None
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(s0 > 0, np.rint(s1 / np.where(s0 > 0, s0, 1)), -1).astype(np.int64)
+
+    return rule_
 
 
 @rule("dot_general")
 def r_dot_general(it, eqn, ins):
     ctx = it.ctx
     shape = _aval_shape(eqn.outvars[0])
-    params = dict(eqn.params)
-    params["preferred_element_type"] = None
-    prim = eqn.primitive
+    dn = eqn.params["dimension_numbers"]
     lhs, rhs = ins
-    dtl, dtr = eqn.invars[0].aval.dtype, eqn.invars[1].aval.dtype
 
-    def cast(x, dt):
-        dt = np.result_type(dt, ctx.cdtype) if np.issubdtype(dt, np.floating) else ctx.cdtype
-        return jnp.asarray(np.asarray(x, dtype=dt))
-
-    def bind(a, b):
-        out = prim.bind(cast(a, dtl), cast(b, dtr), **params)
-        return np.asarray(out, dtype=ctx.cdtype)
+    def dot(a, b):
+        a = np.asarray(a, dtype=ctx.cdtype)
+        b = np.asarray(b, dtype=ctx.cdtype)
+        return np.asarray(np_dot_general(a, b, dn), dtype=ctx.cdtype).reshape(shape)
 
     if not lhs.dep:
-        return [A.linear(ctx, rhs.abs, lambda c: bind(lhs.const, c), shape)]
+        rule_ = _dot_idx_rule(dn, 1, lhs.const)
+        return [A.linear(ctx, rhs.abs, lambda c: dot(lhs.const, c), shape, idx_rule=rule_)]
     if not rhs.dep:
-        return [A.linear(ctx, lhs.abs, lambda c: bind(c, rhs.const), shape)]
+        rule_ = _dot_idx_rule(dn, 0, rhs.const)
+        return [A.linear(ctx, lhs.abs, lambda c: dot(c, rhs.const), shape, idx_rule=rule_)]
     # bilinear in two target-dependent operands
     out: dict = {}
     for m1, t1 in lhs.abs.terms.items():
@@ -684,9 +789,9 @@ def r_dot_general(it, eqn, ins):
                 if t1.c is None or t2.c is None:
                     A.emit(ctx, out, m1.times(m2), Term(None))
                 else:
-                    A.emit(ctx, out, m1.times(m2), Term(bind(t1.c, t2.c)))
+                    A.emit(ctx, out, m1.times(m2), Term(dot(t1.c, t2.c)))
             elif m1 == CONST and m2 == CONST:
-                A.emit(ctx, out, CONST, Term(bind(t1.c, t2.c)))
+                A.emit(ctx, out, CONST, Term(dot(t1.c, t2.c)))
             elif m1 == CONST or m2 == CONST:
                 A.emit(ctx, out, m1.times(m2), Term(None))
             else:
@@ -787,7 +892,7 @@ def r_maxmin(it, eqn, ins):
         pick = [np.asarray(x <= y) for x, y in zip(ca, cb)]
     res = _choose(it, eqn, ins, a, b, pick, shape)
     if res is None:
-        return [np.asarray(eqn.primitive.bind(a.const, b.const))]
+        return [np.asarray(prim_bind(eqn, [a.const, b.const]))]
     return [res]
 
 
@@ -811,7 +916,7 @@ def r_clamp(it, eqn, ins):
         t = np.broadcast_to(np.clip(cx[0], clo[0], chi[0]), shape)
     res = A.select(ctx, below_hi.astype(np.int32), [it.arg(hi), t], shape)
     if res is None:
-        return [np.asarray(eqn.primitive.bind(*[v.at(0) for v in ins]))]
+        return [np.asarray(prim_bind(eqn, [v.at(0) for v in ins]))]
     return [res]
 
 
@@ -935,6 +1040,22 @@ def r_cond(it, eqn, ins):
 def r_barrier(it, eqn, ins):
     return list(ins)
 
+
+CALL_NAMES = frozenset(
+    {
+        "jit",
+        "pjit",
+        "closed_call",
+        "core_call",
+        "custom_jvp_call",
+        "custom_vjp_call",
+        "custom_vjp_call_jaxpr",
+        "remat",
+        "remat2",
+        "checkpoint",
+        "cond",
+    }
+)
 
 # -- discrete targets ---------------------------------------------------------------
 

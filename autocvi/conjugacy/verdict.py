@@ -19,7 +19,7 @@ import numpy as np
 
 from . import algebra as A
 from .algebra import CONST, IND, LOGW, LOGZ, Ctx, Mono, Opaque, Poly
-from .interpreter import Interpreter, Val
+from .interpreter import Interpreter, Val, eval_concrete
 
 __all__ = ["EdgeVerdict", "FAMILIES", "FamilySpec", "analyse_function", "classify_edge"]
 
@@ -71,8 +71,6 @@ FAMILIES = {
     "Bernoulli": FamilySpec("Bernoulli", (IND,), ("indicator({s})",), "binary"),
     "Unconstrained": FamilySpec("Unconstrained", (), (), "unknown"),
 }
-
-N_DRAWS = 4
 
 
 # ---------------------------------------------------------------------------
@@ -129,7 +127,7 @@ def _make_site_fn(site_fn):
 def _trace(fn, values, kind: str):
     """Closed jaxpr of ``fn`` with every leaf of ``values`` an input (cached per fn)."""
     leaves, treedef = jax.tree_util.tree_flatten(values)
-    leaves = [jnp.asarray(x) for x in leaves]
+    leaves = [np.asarray(x) for x in leaves]
     key = (kind, treedef, tuple((x.shape, str(x.dtype)) for x in leaves))
     try:
         per_fn = _CACHE.setdefault(fn, {})
@@ -177,20 +175,27 @@ def _support(spec: FamilySpec, v: np.ndarray) -> str:
 
 
 def _draws(support: str, v: np.ndarray, dtype) -> list[np.ndarray]:
-    """The example value plus N_DRAWS - 1 deterministic valid draws spanning the support."""
+    """The example value plus deterministic valid draws spanning the support.
+
+    Guards are resolved to the branch taken at *every* draw, so the draws cover
+    both signs, both sides of 1/2 and the neighbourhood of the support's edges.
+    """
     rng = np.random.default_rng(12345)
     v = np.asarray(v, dtype=np.float64)
     e1 = rng.standard_normal(v.shape)
     e2 = rng.standard_normal(v.shape)
+    full = np.full(v.shape, 1.0)
     if support == "positive":
-        ds = [np.exp(2 * e1), np.exp(-2 * e1), v * np.exp(3 * e2)]
+        ds = [np.exp(2 * e1), np.exp(-2 * e1), v * np.exp(3 * e2), 1e-3 * full, 1e3 * full]
     elif support == "unit":
         lv = np.log(v) - np.log1p(-v)
         ds = [_sigmoid(2 * e1), _sigmoid(-2 * e1), _sigmoid(lv + 3 * e2)]
+        ds += [1e-3 * full, (1 - 1e-3) * full]
     elif support == "simplex":
         ds = [_softmax(2 * e1), _softmax(-2 * e1), _softmax(np.log(v) + 3 * e2)]
+        ds += [_softmax(8 * e2), _softmax(-8 * e2)]
     else:
-        ds = [3 * e1, -3 * e1, v + 20 * e2]
+        ds = [3 * e1, -3 * e1, v + 20 * e2, 1e3 * full, -1e3 * full]
     return [np.asarray(x, dtype=dtype) for x in [v] + ds]
 
 
@@ -481,13 +486,12 @@ def _other_values_verdict(entry, leaves, tpos, spec, target, site_name, first):
         return first
     rng = np.random.default_rng(2024)
     others = [
-        leaf if i == tpos else jnp.asarray(_perturb(np.asarray(leaf), rng))
-        for i, leaf in enumerate(leaves)
+        leaf if i == tpos else _perturb(np.asarray(leaf), rng) for i, leaf in enumerate(leaves)
     ]
     jaxpr, consts, names = entry
     try:
-        base = np.asarray(jax.core.eval_jaxpr(jaxpr, consts, *leaves)[0])
-        alt = np.asarray(jax.core.eval_jaxpr(jaxpr, consts, *others)[0])
+        base = np.asarray(eval_concrete(jaxpr, consts, leaves)[0])
+        alt = np.asarray(eval_concrete(jaxpr, consts, others)[0])
     except Exception:  # pragma: no cover - an invalid perturbation
         return first
     if np.any(np.isnan(alt) & ~np.isnan(base)):

@@ -1,0 +1,791 @@
+"""Exact verdicts of the conjugacy classifier (autocvi.conjugacy) per (factor, latent) edge."""
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autocvi.conjugacy import EdgeVerdict, analyse_function, classify_edge
+
+jax.config.update("jax_enable_x64", True)
+
+RNG = np.random.default_rng(0)
+N, D, K, V, NDOC, T = 40, 3, 3, 6, 4, 7
+X = jnp.asarray(RNG.normal(size=(N, D)))
+Y = jnp.asarray(RNG.normal(size=N))
+BITS = jnp.asarray((RNG.random(N) < 0.4) * 1.0)
+COUNTS = jnp.asarray(RNG.poisson(2.0, size=N) * 1.0)
+YPOS = jnp.asarray(RNG.gamma(2.0, size=N))
+Z = jnp.asarray(RNG.integers(0, K, N))
+DOC = jnp.asarray(RNG.integers(0, NDOC, N))
+WORDS = jnp.asarray(RNG.integers(0, V, N))
+
+MIX_VALUES = {"mu": jnp.asarray([-1.0, 0.5, 2.0]), "tau": jnp.asarray([0.7, 1.3, 2.0]), "z": Z}
+LDA_VALUES = {
+    "beta": jnp.asarray(RNG.dirichlet(np.ones(V), size=K)),
+    "theta": jnp.asarray(RNG.dirichlet(np.ones(K), size=NDOC)),
+    "z": Z,
+}
+REG_VALUES = {"w": jnp.asarray([0.3, -0.2, 0.8]), "b": jnp.asarray(0.4)}
+NG_VALUES = {"mu": jnp.asarray(0.3), "tau": jnp.asarray(1.7)}
+HIER_VALUES = {
+    "mu": jnp.asarray(0.2),
+    "tau": jnp.asarray(1.4),
+    "theta": jnp.asarray(RNG.normal(size=8)),
+}
+
+
+def mixture(v):
+    return dist.Normal(v["mu"][v["z"]], 1.0 / jnp.sqrt(v["tau"][v["z"]])), Y
+
+
+def lda_words(v):
+    return dist.Categorical(probs=v["beta"][v["z"]]), WORDS
+
+
+def lda_topics(v):
+    return dist.Categorical(probs=v["theta"][DOC]), v["z"]
+
+
+def regression(v):
+    return dist.Normal(X @ v["w"] + v["b"], 1.0), Y
+
+
+def normal_gamma(v):
+    return dist.Normal(v["mu"], 1.0 / jnp.sqrt(v["tau"])), Y
+
+
+def hierarchical(v):
+    return dist.Normal(v["mu"], 1.0 / jnp.sqrt(v["tau"])), v["theta"]
+
+
+def grw_prior(v):
+    return dist.GaussianRandomWalk(0.7, num_steps=T), v["x"]
+
+
+def grw_obs(v):
+    return dist.Normal(v["x"], 1.0), jnp.asarray(RNG.normal(size=T))
+
+
+COV = jnp.asarray([[2.0, 0.3, 0.0], [0.3, 1.0, 0.2], [0.0, 0.2, 1.5]])
+MVN_Y = jnp.asarray(RNG.normal(size=(5, 3)))
+
+# (id, site_fn, values, target, family, expected statistics)
+CONJUGATE = [
+    (
+        "normal_loc",
+        lambda v: (dist.Normal(v["z"], 2.0), Y),
+        {"z": 0.3},
+        "z",
+        "Normal",
+        ("z", "z^2"),
+    ),
+    ("regression_w", regression, REG_VALUES, "w", "MultivariateNormal", ("w", "w w^T")),
+    ("regression_b", regression, REG_VALUES, "b", "Normal", ("b", "b^2")),
+    ("ng_loc", normal_gamma, NG_VALUES, "mu", "Normal", ("mu", "mu^2")),
+    ("ng_precision", normal_gamma, NG_VALUES, "tau", "Gamma", ("log tau", "tau")),
+    (
+        "ng_pow_precision",
+        lambda v: (dist.Normal(v["mu"], v["tau"] ** -0.5), Y),
+        NG_VALUES,
+        "tau",
+        "Gamma",
+        ("log tau", "tau"),
+    ),
+    (
+        "ng_rsqrt_precision",
+        lambda v: (dist.Normal(v["mu"], jax.lax.rsqrt(v["tau"])), Y),
+        NG_VALUES,
+        "tau",
+        "Gamma",
+        ("log tau", "tau"),
+    ),
+    ("hier_theta", hierarchical, HIER_VALUES, "theta", "Normal", ("theta", "theta^2")),
+    ("hier_mu", hierarchical, HIER_VALUES, "mu", "Normal", ("mu", "mu^2")),
+    ("hier_tau", hierarchical, HIER_VALUES, "tau", "Gamma", ("log tau", "tau")),
+    (
+        "poisson",
+        lambda v: (dist.Poisson(v["lam"]), COUNTS),
+        {"lam": 2.5},
+        "lam",
+        "Gamma",
+        ("log lam", "lam"),
+    ),
+    (
+        "exponential",
+        lambda v: (dist.Exponential(v["lam"]), YPOS),
+        {"lam": 2.5},
+        "lam",
+        "Gamma",
+        ("log lam", "lam"),
+    ),
+    (
+        "gamma_rate",
+        lambda v: (dist.Gamma(3.0, rate=v["b"]), YPOS),
+        {"b": 0.8},
+        "b",
+        "Gamma",
+        ("log b", "b"),
+    ),
+    (
+        "bernoulli",
+        lambda v: (dist.Bernoulli(probs=v["p"]), BITS),
+        {"p": 0.3},
+        "p",
+        "Beta",
+        ("log p", "log(1-p)"),
+    ),
+    (
+        "binomial",
+        lambda v: (dist.Binomial(6, probs=v["p"]), jnp.clip(COUNTS, 0, 6)),
+        {"p": 0.3},
+        "p",
+        "Beta",
+        ("log p", "log(1-p)"),
+    ),
+    (
+        "categorical",
+        lambda v: (dist.Categorical(probs=v["pi"]), Z),
+        {"pi": jnp.asarray([0.2, 0.5, 0.3])},
+        "pi",
+        "Dirichlet",
+        ("log pi",),
+    ),
+    (
+        "multinomial",
+        lambda v: (dist.Multinomial(5, probs=v["pi"]), jnp.asarray([[1.0, 2.0, 2.0], [0, 5, 0]])),
+        {"pi": jnp.asarray([0.2, 0.5, 0.3])},
+        "pi",
+        "Dirichlet",
+        ("log pi",),
+    ),
+    ("mixture_mu", mixture, MIX_VALUES, "mu", "Normal", ("mu", "mu^2")),
+    ("mixture_tau", mixture, MIX_VALUES, "tau", "Gamma", ("log tau", "tau")),
+    ("mixture_z", mixture, MIX_VALUES, "z", "Categorical", ("indicator(z)",)),
+    ("lda_beta", lda_words, LDA_VALUES, "beta", "Dirichlet", ("log beta",)),
+    ("lda_z_words", lda_words, LDA_VALUES, "z", "Categorical", ("indicator(z)",)),
+    ("lda_z_prior", lda_topics, LDA_VALUES, "z", "Categorical", ("indicator(z)",)),
+    ("lda_theta", lda_topics, LDA_VALUES, "theta", "Dirichlet", ("log theta",)),
+    ("grw_prior", grw_prior, {"x": jnp.linspace(0, 1, T)}, "x", "MultivariateNormal", ("x x^T",)),
+    ("grw_obs", grw_obs, {"x": jnp.linspace(0, 1, T)}, "x", "MultivariateNormal", ("x", "x x^T")),
+    (
+        "mvn_loc",
+        lambda v: (dist.MultivariateNormal(v["mu"], COV), MVN_Y),
+        {"mu": jnp.asarray([0.1, 0.2, -0.3])},
+        "mu",
+        "MultivariateNormal",
+        ("mu", "mu mu^T"),
+    ),
+    # each site's own prior in its own family
+    (
+        "prior_normal",
+        lambda v: (dist.Normal(1.0, 2.0), v["a"]),
+        {"a": 0.4},
+        "a",
+        "Normal",
+        ("a", "a^2"),
+    ),
+    (
+        "prior_mvn",
+        lambda v: (dist.MultivariateNormal(jnp.asarray([1.0, 0.0, -1.0]), COV), v["a"]),
+        {"a": jnp.asarray([0.1, 0.2, -0.3])},
+        "a",
+        "MultivariateNormal",
+        ("a", "a a^T"),
+    ),
+    (
+        "prior_normal_vector",
+        lambda v: (dist.Normal(0.5, 2.0).expand([4]).to_event(1), v["a"]),
+        {"a": jnp.asarray([0.1, 0.2, -0.3, 1.0])},
+        "a",
+        "Normal",
+        ("a", "a^2"),
+    ),
+    (
+        "prior_gamma",
+        lambda v: (dist.Gamma(2.0, 3.0), v["a"]),
+        {"a": 0.4},
+        "a",
+        "Gamma",
+        ("log a", "a"),
+    ),
+    (
+        "prior_beta",
+        lambda v: (dist.Beta(2.0, 3.0), v["a"]),
+        {"a": 0.4},
+        "a",
+        "Beta",
+        ("log a", "log(1-a)"),
+    ),
+    (
+        "prior_beta_vector",
+        lambda v: (dist.Beta(2.0, 3.0).expand([5]), v["a"]),
+        {"a": jnp.linspace(0.1, 0.9, 5)},
+        "a",
+        "Beta",
+        ("log a", "log(1-a)"),
+    ),
+    (
+        "prior_dirichlet",
+        lambda v: (dist.Dirichlet(jnp.asarray([1.5, 2.0, 0.5])), v["a"]),
+        {"a": jnp.asarray([0.2, 0.5, 0.3])},
+        "a",
+        "Dirichlet",
+        ("log a",),
+    ),
+    (
+        "prior_dirichlet_rows",
+        lambda v: (dist.Dirichlet(jnp.full(V, 0.5)).expand([K]).to_event(1), v["beta"]),
+        LDA_VALUES,
+        "beta",
+        "Dirichlet",
+        ("log beta",),
+    ),
+    (
+        "prior_categorical",
+        lambda v: (dist.Categorical(probs=jnp.asarray([0.2, 0.5, 0.3])), v["c"]),
+        {"c": jnp.asarray(1)},
+        "c",
+        "Categorical",
+        ("indicator(c)",),
+    ),
+    (
+        "prior_categorical_plate",
+        lambda v: (dist.Categorical(logits=jnp.asarray([0.2, 0.5, 0.3])).expand([N]), v["z"]),
+        {"z": Z},
+        "z",
+        "Categorical",
+        ("indicator(z)",),
+    ),
+    (
+        "prior_bernoulli",
+        lambda v: (dist.Bernoulli(probs=0.3), v["c"]),
+        {"c": jnp.asarray(1)},
+        "c",
+        "Bernoulli",
+        ("indicator(c)",),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CONJUGATE, ids=[c[0] for c in CONJUGATE])
+def test_conjugate_edges(case):
+    _, site_fn, values, target, family, stats = case
+    v = classify_edge(site_fn, values, target, family, site_name="y")
+    assert isinstance(v, EdgeVerdict)
+    assert v.conjugate, v.reason
+    assert v.statistics == stats, (v.statistics, v.reason)
+    assert "conjugate" in v.reason
+
+
+# (id, site_fn, values, target, family, words that must appear in the reason)
+NON_CONJUGATE = [
+    (
+        "logistic_regression",
+        lambda v: (dist.Bernoulli(logits=X @ v["w"]), BITS),
+        REG_VALUES,
+        "w",
+        "MultivariateNormal",
+        ["exp", "linear in w", "(w, w w^T)"],
+    ),
+    (
+        "poisson_log_link",
+        lambda v: (dist.Poisson(jnp.exp(X @ v["w"])), COUNTS),
+        REG_VALUES,
+        "w",
+        "MultivariateNormal",
+        ["`exp` is applied to an expression linear in w", "`rate`"],
+    ),
+    (
+        "poisson_mf_W",
+        lambda v: (dist.Poisson(v["W"].T @ v["Z"]), jnp.ones((4, 6))),
+        {"W": jnp.full((2, 4), 0.5), "Z": jnp.full((2, 6), 1.5)},
+        "W",
+        "Gamma",
+        ["`log`", "linear in W"],
+    ),
+    (
+        "poisson_mf_Z",
+        lambda v: (dist.Poisson(v["W"].T @ v["Z"]), jnp.ones((4, 6))),
+        {"W": jnp.full((2, 4), 0.5), "Z": jnp.full((2, 6), 1.5)},
+        "Z",
+        "Gamma",
+        ["`log`", "linear in Z"],
+    ),
+    (
+        "poisson_affine_rate",
+        lambda v: (dist.Poisson(3.0 * v["lam"] + 1.0), COUNTS),
+        {"lam": 2.0},
+        "lam",
+        "Gamma",
+        ["`log`", "linear in lam"],
+    ),
+    (
+        "student_t",
+        lambda v: (dist.StudentT(4.0, X @ v["w"]), Y),
+        REG_VALUES,
+        "w",
+        "MultivariateNormal",
+        ["log1p", "quadratic in w"],
+    ),
+    (
+        "cubic_loc",
+        lambda v: (dist.Normal(v["w"] ** 3, 1.0), Y),
+        {"w": 0.5},
+        "w",
+        "Normal",
+        ["w^3", "outside the span of (w, w^2)"],
+    ),
+    (
+        "sin_loc",
+        lambda v: (dist.Normal(jnp.sin(v["w"]), 1.0), Y),
+        {"w": 0.5},
+        "w",
+        "Normal",
+        ["`sin`", "`loc`"],
+    ),
+    (
+        "gamma_concentration",
+        lambda v: (dist.Gamma(v["z"], 1.0), YPOS),
+        {"z": 1.5},
+        "z",
+        "Gamma",
+        ["lgamma", "concentration"],
+    ),
+    (
+        "gamma_on_std",
+        lambda v: (dist.Normal(0.0, v["sigma"]), Y),
+        {"sigma": 1.5},
+        "sigma",
+        "Gamma",
+        ["sigma^-2", "(log sigma, sigma)"],
+    ),
+    (
+        "factor_cosh",
+        lambda v: (dist.Unit(-jnp.cosh(v["w"])), jnp.zeros(())),
+        {"w": 0.5},
+        "w",
+        "Normal",
+        ["`cosh`", "log_factor"],
+    ),
+    (
+        "halfcauchy_unconstrained",
+        lambda v: (dist.HalfCauchy(1.0), v["s"]),
+        {"s": 0.7},
+        "s",
+        "Unconstrained",
+        ["Unconstrained", "never conjugate"],
+    ),
+    (
+        "halfcauchy_as_likelihood_unconstrained",
+        lambda v: (dist.Normal(0.0, v["s"]), Y),
+        {"s": 0.7},
+        "s",
+        "Unconstrained",
+        ["Unconstrained"],
+    ),
+    (
+        "elementwise_normal_regression",
+        regression,
+        REG_VALUES,
+        "w",
+        "Normal",
+        ["w_j w_k", "MultivariateNormal"],
+    ),
+    (
+        "grw_elementwise",
+        grw_prior,
+        {"x": jnp.linspace(0, 1, T)},
+        "x",
+        "Normal",
+        ["x_j x_k"],
+    ),
+    (
+        "abs_loc",
+        lambda v: (dist.Normal(jnp.abs(v["w"]), 1.0), Y),
+        {"w": 0.5},
+        "w",
+        "Normal",
+        ["`abs`", "piecewise"],
+    ),
+    (
+        "beta_loc_of_normal",
+        lambda v: (dist.Normal(v["p"], 1.0), Y),
+        {"p": 0.4},
+        "p",
+        "Beta",
+        ["p^2", "(log p, log(1-p))"],
+    ),
+    (
+        "dirichlet_logits",
+        lambda v: (dist.Categorical(logits=jnp.exp(v["pi"])), Z),
+        {"pi": jnp.asarray([0.2, 0.5, 0.3])},
+        "pi",
+        "Dirichlet",
+        ["exp"],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", NON_CONJUGATE, ids=[c[0] for c in NON_CONJUGATE])
+def test_non_conjugate_edges(case):
+    _, site_fn, values, target, family, words = case
+    v = classify_edge(site_fn, values, target, family, site_name="y")
+    assert not v.conjugate, v.reason
+    for w in words:
+        assert w in v.reason, (w, v.reason)
+
+
+def test_param_forms():
+    v = classify_edge(normal_gamma, NG_VALUES, "tau", "Gamma", site_name="y")
+    assert v.param_forms == {"loc": "", "scale": "tau^-0.5"}
+    v = classify_edge(regression, REG_VALUES, "w", "MultivariateNormal", site_name="y")
+    assert v.param_forms == {"loc": "linear in w", "scale": ""}
+    v = classify_edge(
+        lambda v: (dist.Poisson(jnp.exp(X @ v["w"])), COUNTS), REG_VALUES, "w", "MultivariateNormal"
+    )
+    assert v.param_forms == {"rate": "exp(linear in w)"}
+    v = classify_edge(mixture, MIX_VALUES, "z", "Categorical")
+    assert v.param_forms == {"loc": "indicator(z)", "scale": "indicator(z)"}
+    v = classify_edge(lambda v: (dist.Normal(v["w"] ** 3, 1.0), Y), {"w": 0.5}, "w", "Normal")
+    assert v.param_forms["loc"] == "w^3"
+    assert v.statistics == ("w^3", "w^6")
+
+
+def test_reason_names_site_and_location():
+    v = classify_edge(
+        lambda v: (dist.Poisson(jnp.exp(X @ v["w"])), COUNTS),
+        REG_VALUES,
+        "w",
+        "MultivariateNormal",
+        site_name="counts",
+    )
+    assert "in the `rate` of `counts`" in v.reason
+    assert "not affine in (w, w w^T)" in v.reason
+    assert "test_conjugacy_interpreter.py" in v.reason  # the user's source line
+
+
+def test_verdict_is_frozen():
+    v = classify_edge(regression, REG_VALUES, "b", "Normal")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        v.conjugate = False
+
+
+# --- invariances -------------------------------------------------------------
+
+
+def test_bernoulli_logits_of_beta_is_conjugate_like_probs():
+    # logits = log p - log(1-p):  y*logits - softplus(logits) = y log p + (1-y) log(1-p)
+    probs = classify_edge(
+        lambda v: (dist.Bernoulli(probs=v["p"]), BITS), {"p": 0.3}, "p", "Beta", site_name="y"
+    )
+    logits = classify_edge(
+        lambda v: (dist.Bernoulli(logits=jnp.log(v["p"]) - jnp.log1p(-v["p"])), BITS),
+        {"p": 0.3},
+        "p",
+        "Beta",
+        site_name="y",
+    )
+    assert probs.conjugate and logits.conjugate, logits.reason
+    assert probs.statistics == logits.statistics == ("log p", "log(1-p)")
+    assert logits.param_forms == {"logits": "linear in (log p, log(1-p))"}
+    # the same through jax.scipy.special.logit
+    logit2 = classify_edge(
+        lambda v: (dist.Bernoulli(logits=jax.scipy.special.logit(v["p"])), BITS),
+        {"p": 0.3},
+        "p",
+        "Beta",
+    )
+    assert logit2.conjugate, logit2.reason
+
+
+@pytest.mark.parametrize(
+    "scale",
+    [
+        lambda t: 1.0 / jnp.sqrt(t),
+        lambda t: t**-0.5,
+        lambda t: jax.lax.rsqrt(t),
+        lambda t: jnp.sqrt(1.0 / t),
+        lambda t: jnp.reciprocal(jnp.sqrt(t)),
+        lambda t: jnp.exp(-0.5 * jnp.log(t)),
+    ],
+)
+def test_scale_and_precision_parameterisations_agree(scale):
+    v = classify_edge(
+        lambda v: (dist.Normal(v["mu"], scale(v["tau"])), Y), NG_VALUES, "tau", "Gamma"
+    )
+    assert v.conjugate, v.reason
+    assert v.statistics == ("log tau", "tau")
+    assert v.param_forms["scale"] == "tau^-0.5"
+
+
+def test_variance_parameterisation_is_not_gamma_conjugate():
+    v = classify_edge(
+        lambda v: (dist.Normal(0.0, jnp.sqrt(v["s2"])), Y), {"s2": 1.3}, "s2", "Gamma"
+    )
+    assert not v.conjugate
+    assert "s2^-1" in v.reason
+
+
+def test_expand_vs_batch_of_values():
+    expanded = classify_edge(
+        lambda v: (dist.Normal(v["mu"], 1.0 / jnp.sqrt(v["tau"])).expand([N]), Y),
+        NG_VALUES,
+        "tau",
+        "Gamma",
+    )
+    batched = classify_edge(
+        lambda v: (dist.Normal(v["mu"] * jnp.ones(N), 1.0 / jnp.sqrt(v["tau"] * jnp.ones(N))), Y),
+        NG_VALUES,
+        "tau",
+        "Gamma",
+    )
+    event = classify_edge(
+        lambda v: (
+            dist.Normal(v["mu"], 1.0 / jnp.sqrt(v["tau"])).expand([N]).to_event(1).mask(True),
+            Y,
+        ),
+        NG_VALUES,
+        "tau",
+        "Gamma",
+    )
+    assert expanded.conjugate and batched.conjugate and event.conjugate
+    assert expanded.statistics == batched.statistics == event.statistics
+
+
+def _normal_gamma_logp(v):
+    mu, tau = v["mu"], v["tau"]
+    return 0.5 * jnp.log(tau) - 0.5 * tau * (Y - mu) ** 2 - 0.5 * jnp.log(2 * jnp.pi)
+
+
+def test_same_density_through_intermediate_code():
+    direct = analyse_function(_normal_gamma_logp, NG_VALUES, "tau", "Gamma")
+    jitted = analyse_function(jax.jit(_normal_gamma_logp), NG_VALUES, "tau", "Gamma")
+
+    @jax.custom_jvp
+    def my_log(x):
+        return jnp.log(x)
+
+    my_log.defjvp(lambda p, t: (my_log(p[0]), t[0] / p[0]))
+
+    def convoluted(v):
+        tau = jax.checkpoint(lambda t: jnp.stack([t, t])[1])(v["tau"])
+        r = jax.lax.cond(True, lambda a: a, lambda a: -a, Y - v["mu"])
+        quad = jnp.sum(jnp.reshape(r**2, (N // 2, 2)), axis=1)
+        out = 0.5 * N * my_log(tau) - 0.5 * tau * jnp.sum(quad)
+        return jnp.where(jnp.isfinite(out), out, -jnp.inf)
+
+    conv = analyse_function(convoluted, NG_VALUES, "tau", "Gamma")
+    lib = classify_edge(normal_gamma, NG_VALUES, "tau", "Gamma")
+    for v in (direct, jitted, conv, lib):
+        assert v.conjugate, v.reason
+        assert v.statistics == ("log tau", "tau")
+    assert analyse_function(_normal_gamma_logp, NG_VALUES, "mu", "Normal").statistics == (
+        "mu",
+        "mu^2",
+    )
+
+
+def test_factor_plain_function():
+    v = analyse_function(lambda v: -jnp.cosh(v["w"]), {"w": 0.3}, "w", "Normal")
+    assert not v.conjugate and "`cosh`" in v.reason
+    v = analyse_function(lambda v: -0.5 * v["w"] ** 2 + 3.0 * v["w"], {"w": 0.3}, "w", "Normal")
+    assert v.conjugate and v.statistics == ("w", "w^2")
+    v = analyse_function(
+        lambda v: jnp.sum(jnp.log(v["pi"]) * jnp.asarray([1.0, 2.0, 0.5])),
+        {"pi": jnp.asarray([0.2, 0.5, 0.3])},
+        "pi",
+        "Dirichlet",
+    )
+    assert v.conjugate and v.statistics == ("log pi",)
+    # the indicator of a discrete latent, through arithmetic and a lookup table
+    table = jnp.asarray([0.1, -2.0, 3.0])
+    v = analyse_function(
+        lambda v: jnp.sin(table[v["c"]]) * v["c"] ** 2, {"c": Z}, "c", "Categorical"
+    )
+    assert v.conjugate and v.statistics == ("indicator(c)",)
+
+
+def test_piecewise_with_equal_pieces_is_accepted():
+    # |tau| on a positive latent: one branch everywhere
+    v = classify_edge(
+        lambda v: (dist.Poisson(jnp.abs(v["lam"])), COUNTS), {"lam": 2.0}, "lam", "Gamma"
+    )
+    assert v.conjugate, v.reason
+    # softplus(log p - log(1-p)) = -log(1-p): the two branches of max/abs agree
+    v = analyse_function(
+        lambda v: -jax.nn.softplus(jnp.log(v["p"]) - jnp.log1p(-v["p"])), {"p": 0.7}, "p", "Beta"
+    )
+    assert v.conjugate and v.statistics == ("log(1-p)",), v.reason
+    # a genuine switch is piecewise
+    v = analyse_function(
+        lambda v: jnp.where(v["w"] > 1.0, v["w"], v["w"] ** 2), {"w": 0.3}, "w", "Normal"
+    )
+    assert not v.conjugate and "piecewise" in v.reason
+
+
+def test_other_latents_at_other_values():
+    # the w^3 term vanishes at the example value s = 0 of the switch
+    v = classify_edge(
+        lambda v: (dist.Normal(v["s"] * v["w"] ** 3 + (1 - v["s"]) * v["w"], 1.0), Y),
+        {"s": jnp.asarray(0), "w": 0.3},
+        "w",
+        "Normal",
+    )
+    assert not v.conjugate and "w^3" in v.reason
+
+
+def test_discrete_targets():
+    # a function of several elements of z at once is not per-element affine
+    v = analyse_function(
+        lambda v: jnp.log1p(jnp.sum(v["z"] == 0)) * jnp.ones(3), {"z": Z}, "z", "Categorical"
+    )
+    assert not v.conjugate and "several elements" in v.reason
+    # pairwise couplings (an HMM chain) couple neighbouring elements
+    A = jnp.asarray(RNG.dirichlet(np.ones(K), size=K))
+    v = analyse_function(
+        lambda v: jnp.log(A[v["z"][:-1], v["z"][1:]]), {"z": Z}, "z", "Categorical"
+    )
+    assert not v.conjugate
+    # one-hot matrix products keep each observation on its own assignment
+    v = classify_edge(
+        lambda v: (dist.Normal(jax.nn.one_hot(v["z"], K) @ v["mu"], 1.0), Y),
+        MIX_VALUES,
+        "z",
+        "Categorical",
+    )
+    assert v.conjugate, v.reason
+    v = classify_edge(
+        lambda v: (dist.Normal(jax.nn.one_hot(v["z"], K) @ v["mu"], 1.0), Y),
+        MIX_VALUES,
+        "mu",
+        "Normal",
+    )
+    assert v.conjugate and v.statistics == ("mu", "mu^2"), v.reason
+    # non-integer values are not a discrete latent
+    v = analyse_function(lambda v: v["c"] * 2.0, {"c": jnp.asarray(0.5)}, "c", "Bernoulli")
+    assert not v.conjugate
+    # a Bernoulli latent scaling a mean
+    v = classify_edge(
+        lambda v: (dist.Normal(v["s"] * 1.7 + 0.2, 1.0), Y), {"s": jnp.asarray(1)}, "s", "Bernoulli"
+    )
+    assert v.conjugate and v.statistics == ("indicator(s)",)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="family"):
+        classify_edge(regression, REG_VALUES, "w", "Poisson")
+    with pytest.raises(ValueError, match="target"):
+        classify_edge(regression, REG_VALUES, "nope", "Normal")
+
+
+# --- property test: every "conjugate" verdict is numerically affine ------------
+
+FAMILY_SUPPORT = {
+    "Normal": lambda rng, n: rng.normal(0.0, 1.5, n),
+    "Gamma": lambda rng, n: rng.lognormal(0.0, 0.7, n),
+    "Beta": lambda rng, n: rng.uniform(0.05, 0.95, n),
+}
+FAMILY_STATS = {
+    "Normal": lambda z: [z, z**2],
+    "Gamma": lambda z: [np.log(z), z],
+    "Beta": lambda z: [np.log(z), np.log1p(-z)],
+}
+LINKS = {
+    "affine": lambda z, a, b: a * z + b,
+    "z": lambda z, a, b: z,
+    "z^2": lambda z, a, b: z**2,
+    "z^3": lambda z, a, b: z**3,
+    "a z": lambda z, a, b: a * z,
+    "exp": lambda z, a, b: jnp.exp(z),
+    "sin": lambda z, a, b: jnp.sin(z),
+    "1/sqrt": lambda z, a, b: 1.0 / jnp.sqrt(z),
+}
+YS = jnp.asarray(RNG.normal(size=6))
+YP = jnp.asarray(RNG.gamma(2.0, size=6))
+YC = jnp.asarray(RNG.poisson(2.0, size=6) * 1.0)
+YB = jnp.asarray([0.0, 1.0, 1.0, 0.0, 1.0, 0.0])
+LIKELIHOODS = {
+    "normal_loc": (lambda p: dist.Normal(p, 1.3), YS),
+    "normal_scale": (lambda p: dist.Normal(0.2, p), YS),
+    "poisson_rate": (lambda p: dist.Poisson(p), YC),
+    "gamma_rate": (lambda p: dist.Gamma(2.5, rate=p), YP),
+    "exponential_rate": (lambda p: dist.Exponential(p), YP),
+    "bernoulli_probs": (lambda p: dist.Bernoulli(probs=p), YB),
+}
+EXAMPLE = {"Normal": 0.7, "Gamma": 1.3, "Beta": 0.35}
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    family=st.sampled_from(sorted(FAMILY_SUPPORT)),
+    link=st.sampled_from(sorted(LINKS)),
+    lik=st.sampled_from(sorted(LIKELIHOODS)),
+    a=st.sampled_from([0.5, 1.0, 2.0, -1.5]),
+    b=st.sampled_from([0.0, 0.3, 1.0]),
+)
+def test_property_conjugate_means_affine(family, link, lik, a, b):
+    make, data = LIKELIHOODS[lik]
+    fn = LINKS[link]
+
+    def site_fn(v):
+        return make(fn(v["z"], a, b)), data
+
+    verdict = classify_edge(site_fn, {"z": EXAMPLE[family]}, "z", family, site_name="y")
+    assert isinstance(verdict.reason, str) and verdict.reason
+    if not verdict.conjugate:
+        return
+    rng = np.random.default_rng(1)
+    zs = FAMILY_SUPPORT[family](rng, 10)
+    with numpyro.validation_enabled(False):  # e.g. probs = 1/sqrt(z) > 1 is clipped by numpyro
+        lp = [float(jnp.sum(site_fn({"z": jnp.asarray(z)})[0].log_prob(data))) for z in zs]
+    lp = np.asarray(lp)
+    assert np.all(np.isfinite(lp)) or np.all(lp == lp[0]), (verdict, lp)
+    if not np.all(np.isfinite(lp)):
+        return
+    feats = np.stack([np.ones_like(zs)] + FAMILY_STATS[family](zs), axis=1)
+    coef, *_ = np.linalg.lstsq(feats, lp, rcond=None)
+    resid = np.max(np.abs(feats @ coef - lp))
+    assert resid <= 1e-8 * (1.0 + np.max(np.abs(lp))), (family, link, lik, a, b, verdict, resid)
+
+
+# --- speed ------------------------------------------------------------------------
+
+
+def test_speed_100k_observations():
+    n = 100_000
+    rng = np.random.default_rng(3)
+    Xb = jnp.asarray(rng.normal(size=(n, 3)))
+    yb = jnp.asarray(rng.normal(size=n))
+    bits = jnp.asarray((rng.random(n) < 0.5) * 1.0)
+    values = {
+        "w": jnp.ones(3),
+        "b": jnp.asarray(0.1),
+        "tau": jnp.asarray(2.0),
+        "p": jnp.asarray(0.3),
+    }
+
+    def lik(v):
+        return dist.Normal(Xb @ v["w"] + v["b"], 1.0 / jnp.sqrt(v["tau"])), yb
+
+    def logit(v):
+        return dist.Bernoulli(logits=Xb @ v["w"]), bits
+
+    def beta(v):
+        return dist.Bernoulli(probs=v["p"]), bits
+
+    t0 = time.perf_counter()
+    assert classify_edge(lik, values, "w", "MultivariateNormal").conjugate
+    assert classify_edge(lik, values, "b", "Normal").conjugate
+    assert classify_edge(lik, values, "tau", "Gamma").conjugate
+    assert not classify_edge(logit, values, "w", "MultivariateNormal").conjugate
+    assert classify_edge(beta, values, "p", "Beta").conjugate
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 5.0, elapsed
