@@ -23,7 +23,9 @@ def latent_layouts(graph: FactorGraph) -> dict[str, LatentLayout]:
         var = graph.variables[name]
         prior, value = graph.site_fn(name)(values)
         plate_axes = {len(var.batch_shape) + p.dim for p in var.plates}
-        layouts[name] = make_layout(name, prior, value, var.batch_shape, plate_axes)
+        own = graph.factors[name]
+        constant = own.latents == (name,) and not own.params
+        layouts[name] = make_layout(name, prior, value, var.batch_shape, plate_axes, constant)
     return layouts
 
 

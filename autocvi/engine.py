@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .expectations import PointSet, expect, moment_point_set, point_mass
-from .schedule import FactorPlan, Schedule
+from .schedule import FactorPlan, Schedule, _reference_natural
 
 __all__ = ["CVIState", "CVIInfo", "CVIAlgorithm", "cvi"]
 
@@ -174,14 +174,13 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             cov = mu_i[1] - m[..., :, None] * m[..., None, :]
         else:
             cov = mu_i[1] - m * m
-        m_site = lay.to_site(m)
 
         def per_point(values):
-            def eta_of(z):
-                return lp.eta_fn({**values, i: z})
+            def eta_of(x):  # x in the family layout (affine map to the site)
+                return lp.eta_fn({**values, i: lay.to_site(x)})
 
-            mean = eta_of(m_site)
-            jac = jax.jacfwd(eta_of)(m_site).reshape(mean.size, *lay.family_shape)
+            mean = eta_of(m)
+            jac = jax.jacfwd(eta_of)(m).reshape(mean.size, *lay.family_shape)
             if lay.q_family == "MultivariateNormal":
                 # diag(A S A^T), block-diagonal S over plate elements
                 var = jnp.einsum("n...d,...de,n...e->n", jac, cov, jac)
@@ -213,6 +212,24 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         if layouts[i].q_family == "MultivariateNormal":
             g = (g[0], 0.5 * (g[1] + jnp.swapaxes(g[1], -1, -2)))
         return g
+
+    def constant_messages():
+        """Exact messages from factors whose only latent is the node itself.
+
+        Such a factor is affine in the node's statistics with constant
+        coefficients, so its VMP message does not change between iterations
+        (e.g. a prior with fixed hyperparameters): compute it once.
+        """
+        out = {}
+        ref_key = jax.random.PRNGKey(0)
+        for i, node in nodes.items():
+            for fname, kind in node.incoming:
+                fplan = factors[fname]
+                if kind == "exact" and fplan.latents == (i,) and not fplan.subsampled:
+                    lay = layouts[i]
+                    mu_ref = lay.fam.natural_to_mean(_reference_natural(lay, ref_key))
+                    out[(fname, i)] = exact_message(fplan, i, {}, {i: mu_ref}, ref_key, params)
+        return out
 
     message_fns = {
         "gauss-hermite": gauss_hermite_message,
@@ -246,8 +263,10 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             for _, plate in nodes[j].subsample_axes:
                 entropy = entropy * (plate.size / plate.subsample_size)
             total = total + entropy
-        # Factors without latent neighbours (observed-only terms) are constants.
-        return total + _constant_terms(graph, params, fixed)
+        # Factors without latent neighbours (observed-only terms) are constants,
+        # and so is the log-Jacobian of whitened Gaussian nodes.
+        whitening = sum(lay.log_det_whitening for lay in layouts.values())
+        return total + whitening + _constant_terms(graph, params, fixed)
 
     # ----------------------------------------------------------- init/step
     def init(rng_key) -> CVIState:
@@ -255,6 +274,8 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
 
         natural = initial_natural(schedule, rng_key)
         return CVIState(natural, rng_key, jnp.zeros((), jnp.int32))
+
+    fixed_messages = jax.jit(constant_messages)()
 
     def step(state: CVIState):
         key, plate_key, elbo_key, sweep_key = jax.random.split(state.rng_key, 4)
@@ -268,7 +289,10 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             total = None
             for fname, kind in node.incoming:
                 sweep_key, sub = jax.random.split(sweep_key)
-                g = message_fns[kind](factors[fname], i, lam, mus, sub, fixed)
+                if (fname, i) in fixed_messages:
+                    g = fixed_messages[(fname, i)]
+                else:
+                    g = message_fns[kind](factors[fname], i, lam, mus, sub, fixed)
                 # Factors in a subsampled plate are scaled by N/B for the global
                 # nodes (an unbiased estimate, CVI Eq. 14); a local node's own
                 # elements must see them unscaled.

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import jax
 import jax.numpy as jnp
 import numpy as np
-from numpyro.distributions import TransformedDistribution
+from numpyro.distributions import MultivariateNormal, TransformedDistribution
 from numpyro.distributions.transforms import ReshapeTransform
 
 from .engine import CVIState, cvi
@@ -180,6 +180,12 @@ def _converged(elbos, tol, exact) -> bool:
 def _posterior(lay, lam):
     """q as a numpyro Distribution over the site's value."""
     base = lay.fam.to_numpyro(lam)
+    if lay.whitening is not None:
+        loc, tril = lay.whitening
+        return MultivariateNormal(
+            loc + jnp.einsum("...ij,...j->...i", tril, base.loc),
+            scale_tril=jnp.einsum("...ij,...jk->...ik", tril, base.scale_tril),
+        )
     if lay.q_family == "MultivariateNormal":
         inner = lay._unconstrained_shape if lay.transform is not None else lay.shape
         inner = inner[lay.plate_ndim :]
@@ -190,6 +196,3 @@ def _posterior(lay, lam):
     if lay.transform is not None:
         return TransformedDistribution(base, lay.transform)
     return base
-
-
-del jnp

@@ -31,7 +31,7 @@ def initial_natural(schedule: Schedule, rng_key) -> dict:
         lay = node.layout
         rng_key, sub = jax.random.split(rng_key)
         draw = lay.from_site(values[name])
-        if lay.transform is not None:
+        if lay.family == "Unconstrained":
             natural[name] = _full_size(node, _gaussian_at(lay, draw, _UNCONSTRAINED_INIT_VAR))
             continue
         fplan = schedule.factors[name]

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from numpyro.distributions.transforms import biject_to
 
@@ -31,6 +32,8 @@ __all__ = ["LatentLayout", "GAUSSIAN_PRIORS", "make_layout"]
 GAUSSIAN_PRIORS = frozenset(
     {"Normal", "MultivariateNormal", "GaussianRandomWalk", "LowRankMultivariateNormal"}
 )
+# Largest MultivariateNormal prior that is whitened with a dense Cholesky factor.
+_MAX_WHITENED_DIM = 5000
 # Prior class name -> family name, for the exponential-family priors.
 _PRIOR_FAMILY = {
     "Gamma": "Gamma",
@@ -70,6 +73,11 @@ class LatentLayout:
     family_shape: tuple[int, ...]
     transform: Any = None
     num_categories: int | None = None
+    # (loc, scale_tril) of a constant MultivariateNormal prior: q is kept on the
+    # whitened variable u with z = loc + L u, whose prior is N(0, I). This is an
+    # affine reparameterisation, so CVI's updates are unchanged, but the prior's
+    # message is -I/2 instead of -K^-1/2: kernel matrices are never inverted.
+    whitening: Any = None
 
     @property
     def fam(self) -> families.Family:
@@ -100,6 +108,9 @@ class LatentLayout:
     def to_site(self, x):
         """Family-layout draw(s) ``(..., *family_shape)`` -> site values ``(..., *shape)``."""
         lead = jnp.shape(x)[: jnp.ndim(x) - len(self.family_shape)]
+        if self.whitening is not None:
+            loc, tril = self.whitening
+            x = loc + jnp.einsum("...ij,...j->...i", tril, x)
         if self.transform is None:
             return jnp.reshape(x, lead + self.shape)
         u = jnp.reshape(x, lead + self._unconstrained_shape)
@@ -109,14 +120,30 @@ class LatentLayout:
         """Site value ``shape`` -> family layout ``family_shape`` (inverse of to_site)."""
         if self.transform is not None:
             z = self.transform.inv(z)
-        return jnp.reshape(z, self.family_shape)
+        z = jnp.reshape(z, self.family_shape)
+        if self.whitening is not None:
+            loc, tril = self.whitening
+            tril = jnp.broadcast_to(tril, z.shape + z.shape[-1:])
+            z = jax.scipy.linalg.solve_triangular(tril, (z - loc)[..., None], lower=True)[..., 0]
+        return z
+
+    @property
+    def log_det_whitening(self):
+        """log |det dz/du| of the whitening map (a constant of the ELBO)."""
+        if self.whitening is None:
+            return 0.0
+        _, tril = self.whitening
+        logdet = jnp.sum(jnp.log(jnp.abs(jnp.diagonal(tril, axis1=-2, axis2=-1))), axis=-1)
+        return jnp.sum(jnp.broadcast_to(logdet, self.family_shape[:-1]))
 
     @property
     def _unconstrained_shape(self) -> tuple[int, ...]:
         return tuple(self.transform.inverse_shape(self.shape))
 
 
-def make_layout(name: str, prior, value, batch_shape, plate_axes: set[int]) -> LatentLayout:
+def make_layout(
+    name: str, prior, value, batch_shape, plate_axes: set[int], constant_prior: bool = False
+) -> LatentLayout:
     """Choose the family and layout of one latent site from its prior.
 
     Args:
@@ -125,6 +152,8 @@ def make_layout(name: str, prior, value, batch_shape, plate_axes: set[int]) -> L
         value: an example value of the site.
         batch_shape: the prior's batch shape.
         plate_axes: axes of the value that belong to plates.
+        constant_prior: the prior's parameters depend on no latent or param
+            (then a MultivariateNormal prior is whitened).
     """
     from .tracing import base_distribution
 
@@ -141,6 +170,21 @@ def make_layout(name: str, prior, value, batch_shape, plate_axes: set[int]) -> L
     inner = shape[plate_ndim:]
 
     if kind in GAUSSIAN_PRIORS:
+        if (
+            kind == "MultivariateNormal"
+            and constant_prior
+            and len(inner) == 1
+            and inner[0] <= _MAX_WHITENED_DIM
+        ):
+            return LatentLayout(
+                name,
+                "MultivariateNormal",
+                "MultivariateNormal",
+                shape,
+                plate_ndim,
+                plate_shape + inner,
+                whitening=(base.loc, base.scale_tril),
+            )
         if math.prod(inner) > 1:
             return LatentLayout(
                 name,
