@@ -105,8 +105,10 @@ def fit(
         step_size: beta; default 1 when every message is exact (VMP), else 0.5.
         rng_key: a ``jax.random.PRNGKey`` or an int seed (default 0).
         num_samples: Monte Carlo draws per estimated message.
-        tol: convergence tolerance on the relative ELBO change (default 1e-6
-            for exact graphs, 1e-4 on a 10-step moving average otherwise).
+        tol: convergence tolerance on the relative ELBO change between
+            iterations (default 1e-6) when every message is deterministic
+            (exact or Gauss-Hermite, no subsampling); otherwise on a 10-step
+            moving average (default 1e-4).
         init_state: a previous ``FitResult.state`` to resume from.
         progress_bar: show a progress bar (tqdm, as NumPyro's ``SVI.run``).
 
@@ -119,9 +121,9 @@ def fit(
         rng_key = jax.random.PRNGKey(rng_key)
     graph = trace(model, data)
     schedule = build_schedule(graph, num_samples=num_samples, step_size=step_size)
-    exact = schedule.all_exact
+    exact = schedule.deterministic
     if num_steps is None:
-        num_steps = 100 if exact else 500
+        num_steps = 100 if schedule.all_exact else 500
     if tol is None:
         tol = 1e-6 if exact else 1e-4
     algorithm = cvi(schedule)

@@ -91,6 +91,14 @@ class Schedule:
         return self.step_size * (1.0 + iteration) ** (-self.step_size_decay)
 
     @property
+    def deterministic(self) -> bool:
+        """No Monte Carlo message and no subsampling: each step is a fixed map."""
+        kinds = {kind for n in self.nodes.values() for _, kind in n.incoming}
+        return kinds <= {"exact", "gauss-hermite"} and not any(
+            f.subsampled for f in self.factors.values()
+        )
+
+    @property
     def all_exact(self) -> bool:
         return all(kind == "exact" for n in self.nodes.values() for _, kind in n.incoming)
 
