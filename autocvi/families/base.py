@@ -24,7 +24,7 @@ from numpyro.distributions.distribution import (
     MaskedDistribution,
 )
 
-__all__ = ["Family", "unwrap_distribution", "cho_solve", "symmetrize"]
+__all__ = ["Family", "unwrap_distribution", "cho_solve", "symmetrize", "trigamma"]
 
 
 class Family(NamedTuple):
@@ -87,3 +87,21 @@ def cho_solve(chol: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
     y = solve_triangular(chol, b, lower=True)
     x = solve_triangular(chol, y, lower=True, trans="T")
     return x[..., 0] if vector else x
+
+
+def trigamma(x: jnp.ndarray) -> jnp.ndarray:
+    """``psi'(x)`` for ``x > 0``, elementwise; shape ``x.shape``.
+
+    Recurrence ``psi'(x) = psi'(x + 6) + sum_{k<6} 1/(x + k)^2`` and the
+    asymptotic series at ``y = x + 6`` (Abramowitz & Stegun 6.4.12):
+    ``1/y + 1/(2y^2) + 1/(6y^3) - 1/(30y^5) + 1/(42y^7) - 1/(30y^9) + 5/(66y^11)``.
+    Relative error below ~2e-12 in float64.  Cheaper to compile and to
+    differentiate than ``jax.scipy.special.polygamma(1, x)``.
+    """
+    acc = 1.0 / (x * x)
+    for k in range(1, 6):
+        acc = acc + 1.0 / ((x + k) * (x + k))
+    y = x + 6.0
+    iy2 = 1.0 / (y * y)
+    tail = 1.0 - iy2 * (1.0 / 5.0 - iy2 * (1.0 / 7.0 - iy2 * (1.0 / 5.0 - iy2 * (5.0 / 11.0))))
+    return acc + 1.0 / y + 0.5 * iy2 + tail * iy2 / (6.0 * y)

@@ -97,17 +97,25 @@ def is_valid(lam):
 def moment_nodes(mu):
     """Two nodes: the roots of ``p^2 - s p + P = 0``, weights 1/2.
 
-    ``P = exp(2 E log z)`` is the nodes' product and ``(1 - p1)(1 - p2) =
-    exp(2 E log(1-z))`` fixes ``s = 1 + P - exp(2 E log(1-z))``, so functions
-    affine in ``(log z, log(1-z))`` have their exact expectation.  The small
-    root is computed as ``P / p_large`` to avoid cancellation.  Returns
-    ``nodes`` and ``weights`` of shape ``(2,) + batch``.
+    ``P = exp(2 E log z)`` is the nodes' product and ``Q = (1 - p1)(1 - p2) =
+    exp(2 E log(1-z))`` fixes ``s = 1 + P - Q``, so functions affine in
+    ``(log z, log(1-z))`` have their exact expectation.  To avoid cancellation
+    the node near 0 is ``P / p_large`` and the node near 1 is ``1 - Q / q_large``
+    (``q = 1 - p`` solves ``q^2 - (1 + Q - P) q + Q = 0``, same discriminant).
+    A node close to 1 still holds ``1 - z`` only to absolute precision
+    ``eps``: for small ``b`` (e.g. ``a = 16, b = 0.1``: ``1 - z ~ 3e-10``)
+    ``E log(1-z)`` is reproduced to ~1e-7 in float64.  Returns ``nodes`` and
+    ``weights`` of shape ``(2,) + batch``.
     """
     m0, m1 = jnp.broadcast_arrays(*mu)
-    prod = jnp.exp(2.0 * m0)
-    s = 1.0 + prod - jnp.exp(2.0 * m1)
-    hi = 0.5 * (s + jnp.sqrt(jnp.maximum(s * s - 4.0 * prod, 0.0)))
-    nodes = jnp.stack([prod / hi, hi])
+    prod_p = jnp.exp(2.0 * m0)
+    prod_q = jnp.exp(2.0 * m1)
+    sum_p = prod_p - jnp.expm1(2.0 * m1)  # 1 + P - Q
+    sum_q = prod_q - jnp.expm1(2.0 * m0)  # 1 + Q - P
+    r = jnp.sqrt(jnp.maximum(sum_p * sum_p - 4.0 * prod_p, 0.0))
+    lo = prod_p / (0.5 * (sum_p + r))
+    hi = 1.0 - prod_q / (0.5 * (sum_q + r))
+    nodes = jnp.stack([lo, hi])
     weights = jnp.full_like(nodes, 0.5)
     return nodes, weights
 
