@@ -679,6 +679,59 @@ def test_discrete_targets():
     assert v.conjugate and v.statistics == ("indicator(s)",)
 
 
+def test_multivariate_normal_rows_are_separate_nodes():
+    # a MultivariateNormal latent W (K, D): the last axis is the event, rows are plate elements
+    W0 = jnp.asarray(RNG.normal(size=(4, 3)))
+    x = jnp.asarray(RNG.normal(size=(10, 3)))
+    y = jnp.asarray(RNG.normal(size=(10, 4)))
+    rows = classify_edge(
+        lambda v: (dist.Normal(x @ v["W"].T, 1.0), y), {"W": W0}, "W", "MultivariateNormal"
+    )
+    assert rows.conjugate and rows.statistics == ("W", "W W^T"), rows.reason
+    summed = classify_edge(
+        lambda v: (dist.Normal(x @ v["W"].sum(0), 1.0), y[:, 0]),
+        {"W": W0},
+        "W",
+        "MultivariateNormal",
+    )
+    assert not summed.conjugate and "rows" in summed.reason
+    z = jnp.asarray(RNG.integers(0, 4, 10))
+    mix = classify_edge(
+        lambda v: (dist.MultivariateNormal(v["W"][v["z"]], COV), x),
+        {"W": W0, "z": z},
+        "W",
+        "MultivariateNormal",
+    )
+    assert mix.conjugate and mix.statistics == ("W", "W W^T"), mix.reason
+
+
+FLOAT32_SCRIPT = """
+import jax.numpy as jnp, numpy as np, numpyro.distributions as dist
+from autocvi.conjugacy import classify_edge
+y = jnp.asarray(np.random.default_rng(0).normal(size=50), dtype=jnp.float32)
+b = (y > 0).astype(jnp.float32)
+ng = lambda v: (dist.Normal(v["mu"], 1 / jnp.sqrt(v["tau"])), y)
+vals = {"mu": jnp.float32(0.3), "tau": jnp.float32(1.5)}
+print(classify_edge(ng, vals, "tau", "Gamma").conjugate,
+      classify_edge(ng, vals, "mu", "Normal").conjugate,
+      classify_edge(lambda v: (dist.Bernoulli(logits=jnp.log(v["p"]) - jnp.log1p(-v["p"])), b),
+                    {"p": jnp.float32(0.3)}, "p", "Beta").conjugate,
+      classify_edge(lambda v: (dist.Poisson(jnp.exp(v["w"])), b), {"w": jnp.float32(0.3)},
+                    "w", "Normal").conjugate)
+"""
+
+
+def test_float32_mode():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", FLOAT32_SCRIPT], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "True", "False"]
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="family"):
         classify_edge(regression, REG_VALUES, "w", "Poisson")

@@ -119,10 +119,18 @@ IND_CROSS = Mono(ind=True, cross=True)
 
 @dataclass
 class Term:
-    """Coefficient array (``None``: a sum over elements, not tracked) and index map."""
+    """Coefficients of one monomial.
+
+    * exact: ``c`` (array) and, for non-scalar targets, ``idx`` (element map);
+    * inexact (``c is None``): a sum of several products whose coefficients are
+      not tracked; ``grp`` maps each entry to the *group* of z (one element, or one
+      event row of a MultivariateNormal) all its products live on: -1 no
+      contribution, -2 several groups; ``grp=None`` means unknown (several).
+    """
 
     c: np.ndarray | None
     idx: np.ndarray | None = None
+    grp: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -156,6 +164,7 @@ class Ctx:
     positive: bool  # z > 0 on the support
     unit: bool  # 1 - z > 0 on the support
     cdtype: type = np.float64  # dtype of coefficient arrays
+    group: int = 1  # elements per group: event size of a (batched) MultivariateNormal, else 1
 
     @property
     def tol(self) -> float:
@@ -223,17 +232,57 @@ def _cancel(c, a, b, tol):
     return c
 
 
+def group_map(ctx: Ctx, t: Term, shape) -> np.ndarray | None:
+    """Group of z each entry of a term lives on (-1: none, -2: several); None for scalar z."""
+    if ctx.scalar:
+        return None
+    if t.c is not None:
+        if t.idx is None:  # the constant monomial
+            return np.full(shape, -1, np.int64)
+        return np.where(t.c != 0, np.broadcast_to(t.idx, shape) // ctx.group, -1)
+    if t.grp is None:
+        return np.full(shape, -2, np.int64)
+    return np.broadcast_to(t.grp, shape)
+
+
+def merge_groups(g1, g2):
+    """Groups of a sum."""
+    return np.where(g1 == -1, g2, np.where((g2 == -1) | (g1 == g2), g1, -2))
+
+
+def product_groups(g1, g2):
+    """Groups of a product; entries with -2 combine several groups (a cross product)."""
+    active = (g1 != -1) & (g2 != -1)
+    return np.where(~active, -1, np.where((g1 == g2) & (g1 >= 0), g1, -2))
+
+
+def _shape_of(*ts):
+    for t in ts:
+        for a in (t.c, t.idx, t.grp):
+            if a is not None:
+                return np.shape(a)
+    return None
+
+
+def inexact(ctx: Ctx, grp) -> Term:
+    return Term(None, None, None if ctx.scalar else grp)
+
+
 def _add_term(ctx: Ctx, m: Mono, t1: Term, t2: Term) -> Term:
     if t1.c is None or t2.c is None:
-        return Term(None)
+        shape = _shape_of(t1, t2)
+        if ctx.scalar or shape is None:
+            return Term(None)
+        return inexact(ctx, merge_groups(group_map(ctx, t1, shape), group_map(ctx, t2, shape)))
     with np.errstate(invalid="ignore"):
         c = _cancel(t1.c + t2.c, t1.c, t2.c, ctx.tol)
     if m == CONST or ctx.scalar:
         return Term(c)
     nz1 = t1.c != 0
     nz2 = t2.c != 0
-    if np.any(nz1 & nz2 & (t1.idx != t2.idx)):
-        return Term(None)  # a sum over different elements: mixed
+    if np.any(nz1 & nz2 & (t1.idx != t2.idx)):  # a sum over different elements
+        shape = np.shape(c)
+        return inexact(ctx, merge_groups(group_map(ctx, t1, shape), group_map(ctx, t2, shape)))
     return Term(c, np.where(nz1, t1.idx, t2.idx))
 
 
@@ -251,7 +300,7 @@ def emit(ctx: Ctx, out: dict[Mono, Term], m: Mono, t: Term):
         for j in range(k + 1):
             coef = math.comb(k, j) * (-1) ** j
             mj = Mono(_pw(m.zp + j), 0.0, m.lz, m.lw, m.ind, m.cross)
-            tj = Term(None if t.c is None else (t.c * coef).astype(t.c.dtype), t.idx)
+            tj = Term(None if t.c is None else (t.c * coef).astype(t.c.dtype), t.idx, t.grp)
             _accumulate(ctx, out, mj, tj)
     else:
         _accumulate(ctx, out, m, t)
@@ -271,7 +320,7 @@ def scale(ctx: Ctx, p: Poly, s) -> Poly:
     terms = {}
     for m, t in p.terms.items():
         if t.c is None:
-            terms[m] = Term(None) if np.any(s != 0) else Term(np.zeros(p.shape, ctx.cdtype))
+            terms[m] = t if np.any(s != 0) else Term(np.zeros(p.shape, ctx.cdtype))
         else:
             with np.errstate(invalid="ignore", over="ignore"):
                 c = np.where((t.c == 0) | (s == 0), 0.0, t.c * s).astype(ctx.cdtype)
@@ -302,32 +351,36 @@ def mul(ctx: Ctx, a, b, shape) -> Poly | None:
     out: dict[Mono, Term] = {}
     for m1, t1 in pa.terms.items():
         for m2, t2 in pb.terms.items():
-            if m1 == CONST or m2 == CONST:
-                cross = False
-            else:
-                cross = not _same_element(ctx, t1, t2)
-            if cross:
-                if not ctx.discrete and not (m1.is_polynomial() and m2.is_polynomial()):
-                    return None
-                emit(ctx, out, m1.times(m2, cross=True), Term(None))
+            if m1 == CONST or m2 == CONST or _same_element(ctx, t1, t2):
+                if t1.c is None or t2.c is None:  # (a sum) x (a constant): same groups
+                    m = m1.times(m2)
+                    t = t1 if t1.c is None else t2
+                    emit(ctx, out, m, Term(None, None, t.grp))
+                    continue
+                m = m1.times(m2)
+                if m1.ind and m2.ind:
+                    m = Mono(ind=True, cross=m.cross)
+                with np.errstate(invalid="ignore", over="ignore"):
+                    c = np.where((t1.c == 0) | (t2.c == 0), 0.0, t1.c * t2.c).astype(ctx.cdtype)
+                if m == CONST or ctx.scalar:
+                    idx = None
+                elif m1 == CONST:
+                    idx = t2.idx
+                elif m2 == CONST:
+                    idx = t1.idx
+                else:
+                    idx = np.where(t1.c != 0, t1.idx, t2.idx)
+                emit(ctx, out, m, Term(c, idx))
                 continue
-            m = m1.times(m2)
-            if m1.ind and m2.ind:
+            # products of different elements of z: exact coefficients are lost
+            if not ctx.discrete and not (m1.is_polynomial() and m2.is_polynomial()):
+                return None
+            g = product_groups(group_map(ctx, t1, shape), group_map(ctx, t2, shape))
+            cross = bool(np.any(g == -2))
+            m = m1.times(m2, cross=cross)
+            if m.ind:
                 m = Mono(ind=True, cross=m.cross)
-            if t1.c is None or t2.c is None:
-                emit(ctx, out, m, Term(None))
-                continue
-            with np.errstate(invalid="ignore", over="ignore"):
-                c = np.where((t1.c == 0) | (t2.c == 0), 0.0, t1.c * t2.c).astype(ctx.cdtype)
-            if m == CONST or ctx.scalar:
-                idx = None
-            elif m1 == CONST:
-                idx = t2.idx
-            elif m2 == CONST:
-                idx = t1.idx
-            else:
-                idx = np.where(t1.c != 0, t1.idx, t2.idx)
-            emit(ctx, out, m, Term(c, idx))
+            emit(ctx, out, m, Term(None) if cross else inexact(ctx, g))
     return Poly(_drop_zero(out), shape)
 
 
@@ -355,7 +408,8 @@ def select(ctx: Ctx, pred: np.ndarray, cases: list, shape):
         p = as_poly(ctx, cases[k], shape)
         for m, t in p.terms.items():
             if t.c is None:
-                _accumulate(ctx, out, m, Term(None))
+                g = group_map(ctx, t, shape)
+                _accumulate(ctx, out, m, inexact(ctx, None if g is None else np.where(mask, g, -1)))
                 continue
             c = np.where(mask, t.c, 0.0).astype(ctx.cdtype)
             idx = None if t.idx is None else np.where(mask, t.idx, -1)
@@ -372,29 +426,43 @@ def map_struct(p: Poly, fc, fi, shape) -> Poly:
     for m, t in p.terms.items():
         c = None if t.c is None else np.asarray(fc(t.c))
         idx = None if (t.idx is None or t.c is None) else np.asarray(fi(t.idx))
-        terms[m] = Term(c, idx)
+        grp = None if (t.c is not None or t.grp is None) else np.asarray(fi(t.grp))
+        terms[m] = Term(c, idx, grp)
     return Poly(_drop_zero(terms), shape)
 
 
-def linear(ctx: Ctx, p: Poly, f, shape, idx_rule=None) -> Poly:
+def linear(ctx: Ctx, p: Poly, f, shape, idx_rule=None, grp_rule=None) -> Poly:
     """Apply a linear map that may mix elements (reduce_sum, dot_general with a constant...).
 
-    ``idx_rule(term) -> idx or None`` decides whether a term stays single-element
-    (non-scalar targets); without it every non-constant term becomes mixed.
+    ``idx_rule(term) -> idx or None`` decides whether an exact term stays
+    single-element (non-scalar targets); otherwise the term becomes inexact and
+    ``grp_rule(group_map) -> group_map`` follows its groups (unknown without it).
     """
     terms = {}
     for m, t in p.terms.items():
-        if t.c is None:
-            terms[m] = Term(None)
-        elif m == CONST or ctx.scalar:
+        if t.c is not None and (m == CONST or ctx.scalar):
             terms[m] = Term(np.asarray(f(t.c), dtype=ctx.cdtype))
-        else:
-            idx = idx_rule(t) if idx_rule is not None else None
-            if idx is None:
-                terms[m] = Term(None)
-            else:
+            continue
+        if t.c is not None and idx_rule is not None:
+            idx = idx_rule(t)
+            if idx is not None:
                 terms[m] = Term(np.asarray(f(t.c), dtype=ctx.cdtype), idx)
+                continue
+        if ctx.scalar or grp_rule is None or (t.c is None and t.grp is None):
+            terms[m] = Term(None)
+        else:
+            src = t.c if t.c is not None else t.grp
+            terms[m] = inexact(ctx, grp_rule(group_map(ctx, t, np.shape(src))))
     return Poly(_drop_zero(terms), shape)
+
+
+def reduce_groups(g, axes: tuple):
+    """Groups after summing over ``axes``."""
+    multi = np.any(g == -2, axis=axes)
+    big = np.iinfo(np.int64).max
+    hi = np.max(np.where(g >= 0, g, -1), axis=axes)
+    lo = np.min(np.where(g >= 0, g, big), axis=axes)
+    return np.where(multi | ((hi >= 0) & (hi != lo)), -2, hi)
 
 
 def reduce_idx(t: Term, axes: tuple) -> np.ndarray | None:
@@ -421,10 +489,8 @@ def polys_equal(ctx: Ctx, a, b, rtol: float) -> bool:
         return False
     for m, ta in a.terms.items():
         tb = b.terms[m]
-        if (ta.c is None) != (tb.c is None):
-            return False
-        if ta.c is None:
-            continue
+        if ta.c is None or tb.c is None:
+            return False  # untracked coefficients cannot be compared
         with np.errstate(invalid="ignore"):
             same = (ta.c == tb.c) | np.isclose(ta.c, tb.c, rtol=rtol, atol=0.0)
         if not np.all(same):
@@ -683,7 +749,7 @@ def mono_name(m: Mono, s: str, family: str | None = None) -> str:
     if m == CONST:
         return "1"
     if m.cross and m.is_polynomial() and m.zp == 2:
-        return f"{s} {s}^T" if family == "MultivariateNormal" else f"{s}_j {s}_k"
+        return f"{s}_j {s}_k"
     if family == "MultivariateNormal" and m == Mono(zp=2.0):
         return f"{s} {s}^T"
     parts = []

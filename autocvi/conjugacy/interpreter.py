@@ -499,13 +499,20 @@ def _multi_operand(it, eqn, ins, positions, combine_idx=True):
             if m not in monos:
                 monos.append(m)
     consts = {k: v.const for k, v in enumerate(ins) if k not in positions}
+
+    def bind_int(arrs):
+        fargs = [
+            _cast_for(eqn.invars[k], arrs[k].astype(np.float64)) if k in arrs else consts[k]
+            for k in range(len(ins))
+        ]
+        return np.rint(np.asarray(prim_bind(eqn, fargs))).astype(np.int64)
+
     terms = {}
     for m in monos:
         cs, ids, mixed = {}, {}, False
         for k in positions:
-            var = eqn.invars[k]
             t = polys[k].terms.get(m)
-            shp = _aval_shape(var)
+            shp = _aval_shape(eqn.invars[k])
             if t is None:
                 cs[k] = np.zeros(shp, ctx.cdtype)
                 ids[k] = np.full(shp, -1, np.int64)
@@ -517,7 +524,15 @@ def _multi_operand(it, eqn, ins, positions, combine_idx=True):
                     np.broadcast_to(t.idx, shp) if t.idx is not None else np.full(shp, -1, np.int64)
                 )
         if mixed:
-            terms[m] = Term(None)
+            if ctx.scalar:
+                terms[m] = Term(None)
+                continue
+            gs = {}
+            for k in positions:
+                shp = _aval_shape(eqn.invars[k])
+                t = polys[k].terms.get(m)
+                gs[k] = np.full(shp, -1, np.int64) if t is None else A.group_map(ctx, t, shp)
+            terms[m] = A.inexact(ctx, bind_int(gs))
             continue
         args = [_cast_for(eqn.invars[k], cs[k]) if k in cs else consts[k] for k in range(len(ins))]
         c = np.asarray(prim_bind(eqn, args), dtype=ctx.cdtype)
@@ -526,12 +541,7 @@ def _multi_operand(it, eqn, ins, positions, combine_idx=True):
         elif not combine_idx:
             terms[m] = Term(None)
         else:
-            fargs = [
-                _cast_for(eqn.invars[k], ids[k].astype(np.float64)) if k in ids else consts[k]
-                for k in range(len(ins))
-            ]
-            idx = np.rint(np.asarray(prim_bind(eqn, fargs))).astype(np.int64)
-            terms[m] = Term(c, idx)
+            terms[m] = Term(c, bind_int(ids))
     return [Poly(A._drop_zero(terms), shape)]
 
 
@@ -716,6 +726,7 @@ def r_reduce_sum(it, eqn, ins):
             lambda c: np.sum(c, axis=axes),
             shape,
             idx_rule=lambda t: A.reduce_idx(t, axes),
+            grp_rule=lambda g: A.reduce_groups(g, axes),
         )
     ]
 
@@ -736,7 +747,17 @@ def r_cumsum(it, eqn, ins):
             return None
         return np.broadcast_to(np.expand_dims(hi, axis), shape)
 
-    return [A.linear(ctx, ins[0].abs, f, shape, idx_rule=idx_rule)]
+    grule = _along_axis(axis, shape)
+    return [A.linear(ctx, ins[0].abs, f, shape, idx_rule=idx_rule, grp_rule=grule)]
+
+
+def _along_axis(axis, shape):
+    """Group rule of a map mixing entries along one axis (cumsum, triangular solves)."""
+
+    def rule_(g):
+        return np.broadcast_to(np.expand_dims(A.reduce_groups(g, (axis,)), axis), shape)
+
+    return rule_
 
 
 def _dot_idx_rule(dn, side: int, const):
@@ -763,6 +784,26 @@ def _dot_idx_rule(dn, side: int, const):
     return rule_
 
 
+def _dot_grp_rule(dn, side: int, const):
+    """Group map through a dot_general with a constant operand (entrywise)."""
+    nza = (np.asarray(const) != 0).astype(np.float64)
+
+    def f(x):
+        return np_dot_general(x, nza, dn) if side == 0 else np_dot_general(nza, x, dn)
+
+    def rule_(g):
+        act = (g >= 0).astype(np.float64)
+        gg = np.where(g >= 0, g, 0).astype(np.float64)
+        s0, s1, s2 = f(act), f(act * gg), f(act * gg * gg)
+        poison = f((g == -2).astype(np.float64)) > 0
+        single = s0 * s2 == s1 * s1
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.rint(s1 / np.where(s0 > 0, s0, 1)).astype(np.int64)
+        return np.where(poison | ~single, -2, np.where(s0 > 0, mean, -1))
+
+    return rule_
+
+
 @rule("dot_general")
 def r_dot_general(it, eqn, ins):
     ctx = it.ctx
@@ -776,11 +817,13 @@ def r_dot_general(it, eqn, ins):
         return np.asarray(np_dot_general(a, b, dn), dtype=ctx.cdtype).reshape(shape)
 
     if not lhs.dep:
-        rule_ = _dot_idx_rule(dn, 1, lhs.const)
-        return [A.linear(ctx, rhs.abs, lambda c: dot(lhs.const, c), shape, idx_rule=rule_)]
+        rule_, grule = _dot_idx_rule(dn, 1, lhs.const), _dot_grp_rule(dn, 1, lhs.const)
+        f = lambda c: dot(lhs.const, c)  # noqa: E731
+        return [A.linear(ctx, rhs.abs, f, shape, idx_rule=rule_, grp_rule=grule)]
     if not rhs.dep:
-        rule_ = _dot_idx_rule(dn, 0, rhs.const)
-        return [A.linear(ctx, lhs.abs, lambda c: dot(c, rhs.const), shape, idx_rule=rule_)]
+        rule_, grule = _dot_idx_rule(dn, 0, rhs.const), _dot_grp_rule(dn, 0, rhs.const)
+        f = lambda c: dot(c, rhs.const)  # noqa: E731
+        return [A.linear(ctx, lhs.abs, f, shape, idx_rule=rule_, grp_rule=grule)]
     # bilinear in two target-dependent operands
     out: dict = {}
     for m1, t1 in lhs.abs.terms.items():
@@ -815,7 +858,8 @@ def r_triangular_solve(it, eqn, ins):
     def f(c):
         return np.asarray(_bind_coef(eqn, 1, c, consts, ctx), dtype=ctx.cdtype)
 
-    return [A.linear(ctx, ins[1].abs, f, shape)]
+    axis = len(shape) - 2 if eqn.params.get("left_side", False) else len(shape) - 1
+    return [A.linear(ctx, ins[1].abs, f, shape, grp_rule=_along_axis(axis, shape))]
 
 
 # -- guards -------------------------------------------------------------------------
@@ -1164,15 +1208,18 @@ def _dependence(it, shape, polys):
     for p in polys:
         p = A.broadcast(p, shape)
         for m, t in p.nonconst().items():
-            if t.c is None or m.cross:
+            if m.cross:
                 pure = False
                 continue
-            nz = t.c != 0
-            mask |= nz
-            if idx is not None:
-                if np.any(nz & (idx >= 0) & (idx != t.idx)):
-                    pure = False
-                idx = np.where(idx >= 0, idx, np.where(nz, t.idx, -1))
+            if idx is None:
+                mask |= True if t.c is None else (t.c != 0)
+                continue
+            g = A.group_map(ctx, t, shape)
+            act = g != -1
+            mask |= act
+            if np.any(g == -2) or np.any(act & (idx >= 0) & (idx != g)):
+                pure = False
+            idx = np.where(idx >= 0, idx, np.where(act, g, -1))
     return mask, idx, pure
 
 

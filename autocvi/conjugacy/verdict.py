@@ -227,7 +227,8 @@ def _run(entry, leaves, tpos, ctx, draws) -> _Run:
     args = [Val(None, const=x) for x in leaves]
     args[tpos] = it.target_val(tuple(leaves[tpos].shape))
     vals = it.eval_jaxpr(jaxpr, consts, args)
-    return _Run(it, [v.abs for v in vals], vals)
+    outs = [v.abs if v.dep else A.const_poly(ctx, v.const, np.shape(v.const)) for v in vals]
+    return _Run(it, outs, vals)
 
 
 def _self_check(ctx: Ctx, run: _Run) -> str:
@@ -237,7 +238,8 @@ def _self_check(ctx: Ctx, run: _Run) -> str:
         return ""
     if any(m.cross or m.ind for m in L.terms):
         return ""
-    actual = run.vals[0].conc()
+    v0 = run.vals[0]
+    actual = v0.conc() if v0.dep else [np.asarray(v0.const)] * len(run.interp.draws)
     rtol = 1e-8 if np.dtype(ctx.cdtype) == np.float64 else 1e-3
     for d, z in enumerate(run.interp.draws):
         zf = np.asarray(z, dtype=np.float64).reshape(-1)
@@ -282,6 +284,8 @@ def _analyse(entry, leaves, tpos, spec: FamilySpec, name: str):
         positive=support in ("positive", "unit", "simplex"),
         unit=support in ("unit", "simplex"),
         cdtype=cdtype,
+        # a MultivariateNormal node is one event row (last axis); leading axes are plates
+        group=int(v.shape[-1]) if (spec.joint and v.ndim >= 1) else 1,
     )
     if discrete:
         return ctx, _run(entry, leaves, tpos, ctx, []), None
@@ -377,8 +381,6 @@ def _judge(ctx: Ctx, spec: FamilySpec, run: _Run, site_name, params: dict) -> Ed
         return EdgeVerdict(True, stats, reason, forms)
 
     allowed = set(spec.stats)
-    if spec.joint:
-        allowed |= {Mono(zp=2.0, cross=True)}
     bad = [m for m in monos if m not in allowed]
     if bad:
         crosses = [m for m in bad if m.cross and m.is_polynomial() and m.zp == 2]
@@ -387,6 +389,12 @@ def _judge(ctx: Ctx, spec: FamilySpec, run: _Run, site_name, params: dict) -> Ed
                 f"the log density of {site} couples different elements of {s} "
                 f"({s}_j {s}_k){hint}, outside the span of the elementwise Normal statistics "
                 f"({span}); it is conjugate for a joint MultivariateNormal family."
+            )
+        elif crosses and len(crosses) == len(bad) and spec.joint:
+            reason = (
+                f"the log density of {site} couples different event rows of {s} "
+                f"({s}_j {s}_k across rows){hint}, outside the span of the statistics "
+                f"({span}) of each row's MultivariateNormal."
             )
         else:
             badn = ", ".join(A.mono_name(m, s, spec.name) for m in bad)
@@ -410,11 +418,7 @@ def _judge(ctx: Ctx, spec: FamilySpec, run: _Run, site_name, params: dict) -> Ed
             f"non-conjugate."
         )
         return EdgeVerdict(False, found_names, reason, forms)
-    stats = tuple(
-        n
-        for m, n in zip(spec.stats, stat_names)
-        if m in monos or (spec.joint and m == Z2 and Mono(zp=2.0, cross=True) in monos)
-    )
+    stats = tuple(n for m, n in zip(spec.stats, stat_names) if m in monos)
     if not stats:
         reason = f"The log density of {site} does not depend on {s}: conjugate (constant)."
     else:
