@@ -391,6 +391,14 @@ def test_sample_shape_mean_and_gradient(name):
 
     out = draw(case.lam, case.params)
     z = out["z"]
+    # values, our draws and our moment nodes share numpyro's dtype (int64 under x64)
+    ref_dtype, node_dtype = abstractly(
+        lambda: (
+            MAKE_DIST[name](*case.params).sample(jax.random.PRNGKey(0)).dtype,
+            fam.moment_nodes(case.mu)[0].dtype,
+        )
+    )
+    assert z.dtype == ref_dtype == node_dtype
     assert z.shape == (n,) + case.batch + case.event
     assert out["one"].shape == case.batch + case.event
     if name == "Categorical":

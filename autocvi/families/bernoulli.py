@@ -2,7 +2,8 @@
 
     phi(z) = (z,),  lam = (logit p,),  mu = (p,),  A(lam) = softplus(logit p),  log h(z) = 0.
 
-All arrays have shape ``batch``; values are 0/1 integers (``int32``, like numpyro).
+All arrays have shape ``batch``; values are 0/1 integers of JAX's default integer
+dtype (``int32``, or ``int64`` with x64), like numpyro's samples.
 """
 
 from __future__ import annotations
@@ -52,10 +53,10 @@ def entropy(lam):
 
 
 def sample(rng_key, lam, sample_shape=()):
-    """0/1 ``int32`` draws; shape ``sample_shape + batch`` (not reparameterisable)."""
+    """0/1 draws of the default integer dtype; shape ``sample_shape + batch`` (not reparameterisable)."""
     logits = lam[0]
     shape = tuple(sample_shape) + jnp.shape(logits)
-    return jax.random.bernoulli(rng_key, jax.nn.sigmoid(logits), shape).astype(jnp.int32)
+    return jax.random.bernoulli(rng_key, jax.nn.sigmoid(logits), shape).astype(jnp.result_type(int))
 
 
 def to_numpyro(lam):
@@ -78,12 +79,13 @@ def is_valid(lam):
 
 
 def moment_nodes(mu):
-    """Nodes ``0, 1`` (``int32``) with weights ``1 - p, p``; both of shape ``(2,) + batch``."""
+    """Nodes ``0, 1`` (default integer dtype, like samples) with weights ``1 - p, p``.
+
+    Both have shape ``(2,) + batch``.
+    """
     p = mu[0]
     weights = jnp.stack([1.0 - p, p])
-    nodes = jnp.broadcast_to(
-        jnp.arange(2, dtype=jnp.int32).reshape((2,) + (1,) * p.ndim), weights.shape
-    )
+    nodes = jnp.broadcast_to(jnp.arange(2).reshape((2,) + (1,) * p.ndim), weights.shape)
     return nodes, weights
 
 

@@ -101,15 +101,14 @@ def is_valid(lam):
 def moment_nodes(mu):
     """Nodes ``0..K-1`` with weights ``probs``.
 
-    Returns integer ``nodes`` of shape ``(K,) + batch`` and ``weights`` of
-    shape ``(K,) + batch``.
+    Returns integer ``nodes`` (JAX's default integer dtype, like samples and
+    numpyro's values) of shape ``(K,) + batch`` and ``weights`` of shape
+    ``(K,) + batch``.
     """
     probs = mu[0]
     k = probs.shape[-1]
     weights = jnp.moveaxis(probs, -1, 0)
-    nodes = jnp.broadcast_to(
-        jnp.arange(k, dtype=jnp.int32).reshape((k,) + (1,) * (probs.ndim - 1)), weights.shape
-    )
+    nodes = jnp.broadcast_to(jnp.arange(k).reshape((k,) + (1,) * (probs.ndim - 1)), weights.shape)
     return nodes, weights
 
 
