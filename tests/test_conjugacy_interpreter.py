@@ -705,6 +705,31 @@ def test_multivariate_normal_rows_are_separate_nodes():
     assert mix.conjugate and mix.statistics == ("W", "W W^T"), mix.reason
 
 
+@pytest.mark.parametrize("param", ["covariance_matrix", "precision_matrix", "scale_tril"])
+def test_mvn_covariance_scaled_by_a_precision(param):
+    # registry fact: cholesky(C tau^-1) = cholesky(C) tau^-1/2, solve(L tau^-1/2, b) = solve(L, b) tau^1/2
+    chol = jnp.linalg.cholesky(COV)
+
+    def site_fn(v):
+        arg = {
+            "covariance_matrix": COV / v["tau"],
+            "precision_matrix": jnp.linalg.inv(COV) * v["tau"],
+            "scale_tril": chol / jnp.sqrt(v["tau"]),
+        }[param]
+        return dist.MultivariateNormal(v["mu"], **{param: arg}), MVN_Y
+
+    values = {"mu": jnp.asarray([0.1, 0.2, -0.3]), "tau": jnp.asarray(1.5)}
+    v = classify_edge(site_fn, values, "tau", "Gamma")
+    assert v.conjugate and v.statistics == ("log tau", "tau"), v.reason
+    v = classify_edge(site_fn, values, "mu", "MultivariateNormal")
+    assert v.conjugate and v.statistics == ("mu", "mu mu^T"), v.reason
+    # a covariance that is not a scaled constant matrix is not
+    v = classify_edge(
+        lambda v: (dist.MultivariateNormal(v["mu"], COV + v["tau"]), MVN_Y), values, "tau", "Gamma"
+    )
+    assert not v.conjugate and "`cholesky`" in v.reason
+
+
 FLOAT32_SCRIPT = """
 import jax.numpy as jnp, numpy as np, numpyro.distributions as dist
 from autocvi.conjugacy import classify_edge

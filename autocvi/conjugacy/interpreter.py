@@ -847,19 +847,86 @@ def r_dot_general(it, eqn, ins):
     return [Poly(A._drop_zero(out), shape)]
 
 
+def _matrix_monomial(ctx: Ctx, p: Poly):
+    """``p = C * m(z)`` with one monomial shared by every entry of each matrix, or None.
+
+    Returns ``(C, m, idx)`` where ``idx`` (batch shape, or None) is the element of z
+    each matrix depends on.  Registry fact used for matrix factorisations:
+    ``cholesky(C m) = cholesky(C) m^(1/2)`` and ``solve(C m, b) = solve(C, b) m^-1``.
+    """
+    nc = p.nonconst()
+    const = p.terms.get(CONST)
+    if len(nc) != 1 or (const is not None and (const.c is None or np.any(const.c != 0))):
+        return None
+    ((m, t),) = nc.items()
+    if t.c is None or m.cross or m.ind:
+        return None
+    if ctx.scalar:
+        return t.c, m, None
+    nz = t.c != 0
+    hi = np.max(np.where(nz, t.idx, -1), axis=(-2, -1))
+    lo = np.min(np.where(nz, t.idx, np.iinfo(np.int64).max), axis=(-2, -1))
+    if np.any((hi >= 0) & (hi != lo)):
+        return None
+    return t.c, m, hi
+
+
+def _monomial_poly(ctx: Ctx, m: Mono, idx_batch, shape) -> Poly:
+    """The value ``m(z)`` broadcast to a (batch..., r, c) array."""
+    ones = np.ones(shape, ctx.cdtype)
+    if idx_batch is None:
+        return Poly({m: Term(ones)}, shape)
+    idx = np.broadcast_to(idx_batch[..., None, None], shape)
+    return Poly({m: Term(np.where(idx >= 0, ones, 0.0).astype(ctx.cdtype), idx)}, shape)
+
+
+@rule("cholesky")
+def r_cholesky(it, eqn, ins):
+    ctx = it.ctx
+    shape = _aval_shape(eqn.outvars[0])
+    mm = None if ctx.discrete else _matrix_monomial(ctx, ins[0].abs)
+    if mm is None:
+        return discrete_rule(it, eqn, ins) if ctx.discrete else [it.new_opaque(eqn, ins)]
+    c, m, idx = mm
+    half = A.power(ctx, _monomial_poly(ctx, m, idx, shape), 0.5)
+    try:
+        L = np.linalg.cholesky(np.asarray(c, dtype=np.float64))
+    except np.linalg.LinAlgError:
+        L = None
+    if half is None or L is None or not np.all(np.isfinite(L)):
+        return [it.new_opaque(eqn, ins)]
+    return [A.scale(ctx, half, L.astype(ctx.cdtype))]
+
+
 @rule("triangular_solve")
 def r_triangular_solve(it, eqn, ins):
     ctx = it.ctx
-    if ins[0].dep:
-        return discrete_rule(it, eqn, ins) if ctx.discrete else [it.new_opaque(eqn, ins)]
     shape = _aval_shape(eqn.outvars[0])
-    consts = {0: ins[0].const}
+    if ins[0].dep:
+        mm = None if ctx.discrete else _matrix_monomial(ctx, ins[0].abs)
+        if mm is None:
+            return discrete_rule(it, eqn, ins) if ctx.discrete else [it.new_opaque(eqn, ins)]
+        c, m, idx = mm
+        inv = A.power(ctx, _monomial_poly(ctx, m, idx, shape[:-2] + (1, 1)), -1.0)
+        if inv is None:
+            return [it.new_opaque(eqn, ins)]
+        a_const = np.asarray(c, dtype=eqn.invars[0].aval.dtype)
+    else:
+        inv, a_const = None, ins[0].const
+    consts = {0: a_const}
 
     def f(c):
         return np.asarray(_bind_coef(eqn, 1, c, consts, ctx), dtype=ctx.cdtype)
 
     axis = len(shape) - 2 if eqn.params.get("left_side", False) else len(shape) - 1
-    return [A.linear(ctx, ins[1].abs, f, shape, grp_rule=_along_axis(axis, shape))]
+    if ins[1].dep:
+        x = A.linear(ctx, ins[1].abs, f, shape, grp_rule=_along_axis(axis, shape))
+    else:
+        x = np.asarray(f(np.asarray(ins[1].const)))
+    if inv is None:
+        return [x]
+    r = A.mul(ctx, x, A.broadcast(inv, shape), shape)
+    return [r if r is not None else _cross_opaque(it, eqn, ins)]
 
 
 # -- guards -------------------------------------------------------------------------
@@ -1128,6 +1195,7 @@ DISCRETE_SAFE = frozenset(
         "cumsum",
         "dot_general",
         "triangular_solve",
+        "cholesky",
         "concatenate",
         "stack",
         "pad",
