@@ -41,7 +41,7 @@ class EdgeVerdict:
     conjugate: bool
     statistics: tuple[str, ...]
     reason: str
-    param_forms: dict[str, str] = field(default_factory=dict)
+    param_forms: dict[str, str] = field(default_factory=dict, hash=False)
 
     def __str__(self):
         word = "conjugate" if self.conjugate else "non-conjugate"
@@ -359,7 +359,6 @@ def _judge(ctx: Ctx, spec: FamilySpec, run: _Run, site_name, params: dict) -> Ed
         return EdgeVerdict(False, found_names, reason, forms)
 
     if ctx.discrete:
-        v = np.asarray(run.interp.draws[0]) if run.interp.draws else None
         cross = [m for m in monos if m.cross]
         if cross:
             reason = (
@@ -368,12 +367,11 @@ def _judge(ctx: Ctx, spec: FamilySpec, run: _Run, site_name, params: dict) -> Ed
                 f"per-element indicator({s})."
             )
             return EdgeVerdict(False, (f"indicator({s}) (across elements of {s})",), reason, forms)
-        del v
         stats = (f"indicator({s})",) if monos else ()
         if monos:
             reason = (
-                f"Every function of the discrete {s} is affine in its one-hot indicator, and each "
-                f"element of the log density of {site} depends on a single element of {s}: "
+                f"Every function of the discrete {s} is affine in its one-hot indicator, and the "
+                f"log density of {site} is a sum of functions of single elements of {s}: "
                 f"conjugate ({spec.name})."
             )
         else:
