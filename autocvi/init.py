@@ -43,11 +43,28 @@ def initial_natural(schedule: Schedule, rng_key) -> dict:
 
         ref = lay.fam.natural_to_mean(_reference_natural(lay, sub))
         lam = jax.grad(expected)(ref)
+        # Gaussian nodes with estimated messages start at the prior mean with at
+        # most unit variance (a prior draw, or the prior's spread, can put the
+        # expectations of exp-like likelihoods out of floating-point range);
+        # nodes with only exact messages start centred on a prior draw, which
+        # breaks the symmetry of mixture components.
+        estimated = any(kind != "exact" for _, kind in node.incoming)
         if lay.q_family == "MultivariateNormal":
-            lam = (lam[0], 0.5 * (lam[1] + jnp.swapaxes(lam[1], -1, -2)))
-            lam = (-2.0 * jnp.einsum("...ij,...j->...i", lam[1], draw), lam[1])
+            prec2 = 0.5 * (lam[1] + jnp.swapaxes(lam[1], -1, -2))
+            if estimated:
+                mean = jnp.linalg.solve(-2.0 * prec2, lam[0][..., None])[..., 0]
+                prec2 = prec2 - 0.5 * jnp.eye(prec2.shape[-1], dtype=prec2.dtype)
+            else:
+                mean = draw
+            lam = (-2.0 * jnp.einsum("...ij,...j->...i", prec2, mean), prec2)
         elif lay.q_family == "Normal":
-            lam = (-2.0 * lam[1] * draw, lam[1])
+            prec2 = lam[1]
+            if estimated:
+                prec2 = prec2 - 0.5
+                mean = -0.5 * lam[0] / lam[1]
+            else:
+                mean = draw
+            lam = (-2.0 * prec2 * mean, prec2)
         natural[name] = _full_size(node, lam)
     return natural
 
