@@ -558,18 +558,27 @@ def factor(ctx: Ctx, p: Poly):
                     return None
                 ref = np.where(ref >= 0, ref, cur)
         idx = ref
-    inf = np.inf
-    a0 = np.full(shape, inf)
-    b0 = np.full(shape, inf)
-    for (m, _), n in zip(items, nz):
-        a0 = np.where(n, np.minimum(a0, m.zp), a0)
-        b0 = np.where(n, np.minimum(b0, m.wp), b0)
-    keys = np.stack([np.where(multi, a0, np.nan), np.where(multi, b0, np.nan)], -1)
-    uniq = np.unique(keys[multi], axis=0)
-    if len(uniq) > MAX_PIECES:
+    # group the elements by which terms are nonzero there (few patterns)
+    codes = np.zeros(shape, np.int64)
+    for k, n in enumerate(nz):
+        codes = codes | (n.astype(np.int64) << k)
+    flat = codes[multi]
+    ucodes = [flat[0]] if np.all(flat == flat[0]) else np.unique(flat)
+    keyed: dict[tuple, list] = {}
+    for code in ucodes:
+        members = [k for k in range(len(items)) if (int(code) >> k) & 1]
+        key = (min(items[k][0].zp for k in members), min(items[k][0].wp for k in members))
+        keyed.setdefault(key, []).append(code)
+    if len(keyed) > MAX_PIECES:
         return None
+    uniq = list(keyed)
+    for key, cs in keyed.items():
+        sel = np.zeros(shape, bool)
+        for code in cs:
+            sel |= codes == code
+        keyed[key] = multi & sel
     for a, b in uniq:
-        grp = multi & (a0 == a) & (b0 == b)
+        grp = keyed[(a, b)]
         # coefficients of z^d, d = 0..deg, after expanding (1-z)^j
         zc: dict[int, np.ndarray] = {}
         scale_ = np.zeros(shape, ctx.cdtype)
@@ -676,15 +685,20 @@ def exp(ctx: Ctx, p: Poly) -> Poly | None:
             idx = np.where(c1 != 0, i1, i2)
         else:
             idx = idxs[0][1]
-    keys = np.stack([np.round(np.asarray(a, float), 9), np.round(np.asarray(w, float), 9)], -1)
-    uniq = np.unique(keys.reshape(-1, 2), axis=0)
-    if len(uniq) > MAX_PIECES:
+    ka_arr = np.round(np.asarray(a, float), 9)
+    kw_arr = np.round(np.asarray(w, float), 9)
+    ua = [ka_arr.flat[0]] if np.all(ka_arr == ka_arr.flat[0]) else np.unique(ka_arr)
+    uw = [kw_arr.flat[0]] if np.all(kw_arr == kw_arr.flat[0]) else np.unique(kw_arr)
+    if len(ua) * len(uw) > MAX_PIECES:
         return None
+    uniq = [(x, y) for x in ua for y in uw]
     with np.errstate(over="ignore"):
         eb = np.exp(b).astype(ctx.cdtype)
     out: dict[Mono, Term] = {}
     for ka, kw in uniq:
-        mask = (keys[..., 0] == ka) & (keys[..., 1] == kw)
+        mask = (ka_arr == ka) & (kw_arr == kw)
+        if not np.any(mask):
+            continue
         m = Mono(_pw(ka), _pw(kw))
         emit(
             ctx,

@@ -182,20 +182,22 @@ def _draws(support: str, v: np.ndarray, dtype) -> list[np.ndarray]:
     """
     rng = np.random.default_rng(12345)
     v = np.asarray(v, dtype=np.float64)
-    e1 = rng.standard_normal(v.shape)
-    e2 = rng.standard_normal(v.shape)
+    e = [rng.standard_normal(v.shape) for _ in range(6)]
     full = np.full(v.shape, 1.0)
+    sign = np.where(e[5] >= 0, 1.0, -1.0)
     if support == "positive":
-        ds = [np.exp(2 * e1), np.exp(-2 * e1), v * np.exp(3 * e2), 1e-3 * full, 1e3 * full]
+        ds = [np.exp(2 * e[0]), np.exp(-2 * e[0]), np.exp(4 * e[1]), np.exp(0.3 * e[2])]
+        ds += [v * np.exp(3 * e[3]), np.exp(6 * e[4]), 1e-3 * full, 1e3 * full]
     elif support == "unit":
         lv = np.log(v) - np.log1p(-v)
-        ds = [_sigmoid(2 * e1), _sigmoid(-2 * e1), _sigmoid(lv + 3 * e2)]
-        ds += [1e-3 * full, (1 - 1e-3) * full]
+        ds = [_sigmoid(x) for x in (2 * e[0], -2 * e[0], 4 * e[1], 0.3 * e[2], lv + 3 * e[3])]
+        ds += [_sigmoid(7 * e[4]), 1e-3 * full, (1 - 1e-3) * full]
     elif support == "simplex":
-        ds = [_softmax(2 * e1), _softmax(-2 * e1), _softmax(np.log(v) + 3 * e2)]
-        ds += [_softmax(8 * e2), _softmax(-8 * e2)]
+        ds = [_softmax(x) for x in (2 * e[0], -2 * e[0], 4 * e[1], 0.3 * e[2])]
+        ds += [_softmax(np.log(v) + 3 * e[3]), _softmax(8 * e[4]), _softmax(-8 * e[4])]
     else:
-        ds = [3 * e1, -3 * e1, v + 20 * e2, 1e3 * full, -1e3 * full]
+        ds = [3 * e[0], -3 * e[0], 30 * e[1], 0.3 * e[2], v + 10 * e[3], 1e3 * sign]
+        ds += [1e3 * full, -1e3 * full]
     return [np.asarray(x, dtype=dtype) for x in [v] + ds]
 
 
