@@ -705,6 +705,34 @@ def test_multivariate_normal_rows_are_separate_nodes():
     assert mix.conjugate and mix.statistics == ("W", "W W^T"), mix.reason
 
 
+def _ar1(link):
+    def site_fn(v):
+        def step(prev, x):
+            return x, link(v["rho"] * prev)
+
+        _, locs = jax.lax.scan(step, jnp.asarray(0.0), v["x"])
+        return dist.Normal(locs, 1.0 / jnp.sqrt(v["tau"])), v["x"]
+
+    return site_fn
+
+
+AR_VALUES = {"rho": jnp.asarray(0.6), "tau": jnp.asarray(2.0), "x": jnp.asarray(RNG.normal(size=T))}
+
+
+def test_scan_is_unrolled():
+    ar = _ar1(lambda a: a)
+    v = classify_edge(ar, AR_VALUES, "rho", "Normal", site_name="x")
+    assert v.conjugate and v.statistics == ("rho", "rho^2"), v.reason
+    v = classify_edge(ar, AR_VALUES, "tau", "Gamma", site_name="x")
+    assert v.conjugate and v.statistics == ("log tau", "tau"), v.reason
+    v = classify_edge(ar, AR_VALUES, "x", "MultivariateNormal", site_name="x")
+    assert v.conjugate and v.statistics == ("x x^T",), v.reason
+    v = classify_edge(ar, AR_VALUES, "x", "Normal", site_name="x")
+    assert not v.conjugate and "x_j x_k" in v.reason
+    v = classify_edge(_ar1(jnp.tanh), AR_VALUES, "rho", "Normal", site_name="x")
+    assert not v.conjugate and "`tanh`" in v.reason and "`loc` of `x`" in v.reason
+
+
 @pytest.mark.parametrize("param", ["covariance_matrix", "precision_matrix", "scale_tril"])
 def test_mvn_covariance_scaled_by_a_precision(param):
     # registry fact: cholesky(C tau^-1) = cholesky(C) tau^-1/2, solve(L tau^-1/2, b) = solve(L, b) tau^1/2

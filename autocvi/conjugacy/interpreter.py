@@ -1147,6 +1147,90 @@ def r_cond(it, eqn, ins):
     return it.eval_jaxpr(jaxpr, consts, list(ops))
 
 
+MAX_SCAN_UNROLL = 2000
+
+
+def _slice_val(it: Interpreter, v: Val, i: int) -> Val:
+    """``v[i]`` along the leading axis (a scanned-over input)."""
+    if not v.dep:
+        return Val(None, const=np.asarray(v.const)[i])
+    a = v.abs
+    if isinstance(a, Poly):
+
+        def take(x):
+            return np.asarray(x)[i]
+
+        a = A.map_struct(a, take, take, a.shape[1:])
+    return Val(a, thunk=lambda: [np.asarray(c)[i] for c in v.conc()])
+
+
+def _stack_vals(it: Interpreter, vals: list, shape) -> Val:
+    """Stack per-iteration outputs along a new leading axis (scan's ``ys``)."""
+    ctx = it.ctx
+    if not any(v.dep for v in vals):
+        return Val(None, const=np.stack([np.asarray(v.const) for v in vals]))
+
+    def thunk():
+        return [np.stack([np.asarray(v.at(d)) for v in vals]) for d in range(it.D)]
+
+    ops = [v.abs for v in vals if isinstance(v.abs, Opaque)]
+    if ops:
+        return Val(Opaque(ops[0].origin, ops[0].desc, any(o.piecewise for o in ops)), thunk=thunk)
+    inner = tuple(shape[1:])
+    polys = [v.abs if v.dep else A.const_poly(ctx, v.const, inner) for v in vals]
+    monos = []
+    for p in polys:
+        for m in p.terms:
+            if m not in monos:
+                monos.append(m)
+    terms = {}
+    for m in monos:
+        ts = [p.terms.get(m) for p in polys]
+        if any(t is not None and t.c is None for t in ts):
+            if ctx.scalar:
+                terms[m] = Term(None)
+                continue
+            gs = [
+                np.full(inner, -1, np.int64) if t is None else A.group_map(ctx, t, inner)
+                for t in ts
+            ]
+            terms[m] = A.inexact(ctx, np.stack(gs))
+            continue
+        cs = [np.zeros(inner, ctx.cdtype) if t is None else np.broadcast_to(t.c, inner) for t in ts]
+        c = np.stack(cs)
+        if m == CONST or ctx.scalar:
+            terms[m] = Term(c)
+        else:
+            ids = [
+                np.full(inner, -1, np.int64) if t is None else np.broadcast_to(t.idx, inner)
+                for t in ts
+            ]
+            terms[m] = Term(c, np.stack(ids))
+    return Val(Poly(A._drop_zero(terms), tuple(shape)), thunk=thunk)
+
+
+@rule("scan")
+def r_scan(it, eqn, ins):
+    """Unroll ``lax.scan`` (up to MAX_SCAN_UNROLL steps) through the interpreter."""
+    p = eqn.params
+    length, nc, ncar = int(p["length"]), int(p["num_consts"]), int(p["num_carry"])
+    if length > MAX_SCAN_UNROLL:
+        msg = f"`scan` of length {length} (longer than {MAX_SCAN_UNROLL}) carries the target"
+        o = it.new_opaque(eqn, ins, message=msg)
+        return [o] * len(eqn.outvars)
+    body, bconsts = _closed(p["jaxpr"])
+    consts, carry, xs = list(ins[:nc]), list(ins[nc : nc + ncar]), list(ins[nc + ncar :])
+    order = range(length - 1, -1, -1) if p.get("reverse", False) else range(length)
+    ys = {}
+    for i in order:
+        outs = it.eval_jaxpr(body, bconsts, consts + carry + [_slice_val(it, x, i) for x in xs])
+        carry, ys[i] = list(outs[:ncar]), outs[ncar:]
+    stacked = []
+    for k, var in enumerate(eqn.outvars[ncar:]):
+        stacked.append(_stack_vals(it, [ys[i][k] for i in range(length)], _aval_shape(var)))
+    return carry + stacked
+
+
 @rule("optimization_barrier")
 def r_barrier(it, eqn, ins):
     return list(ins)
@@ -1219,6 +1303,7 @@ DISCRETE_SAFE = frozenset(
         "checkpoint",
         "cond",
         "optimization_barrier",
+        "scan",
     }
 )
 
@@ -1236,6 +1321,7 @@ OPAQUE_AWARE = frozenset(
         "remat2",
         "checkpoint",
         "optimization_barrier",
+        "scan",
     }
 )
 
