@@ -2,8 +2,8 @@
 
 Oracles: closed-form conjugate posteriors and log evidences, textbook VMP fixed
 points iterated in numpy (Bishop, PRML 10.26-10.30; the Gaussian-mixture VMP
-updates of PRML 10.2 for diagonal precisions), numpy/scipy samples moments, and
-NumPyro's own ``Predictive``. Nothing here compares autocvi with itself except
+updates of PRML 10.2 for diagonal precisions), closed-form moments for
+``result.sample``, and NumPyro's own ``Predictive``. Nothing here compares autocvi with itself except
 the determinism and resumption tests, whose claim is exactly that.
 
 NOTE: this module enables ``jax_enable_x64`` at import. The flag is global to
