@@ -613,6 +613,28 @@ def test_factor_plain_function():
     assert v.conjugate and v.statistics == ("indicator(c)",)
 
 
+def test_quadratic_forms_written_by_hand():
+    P = jnp.linalg.inv(COV)
+    quad = analyse_function(
+        lambda v: -0.5 * v["w"] @ P @ v["w"] + jnp.sum(v["w"]),
+        {"w": jnp.ones(3)},
+        "w",
+        "MultivariateNormal",
+    )
+    assert quad.conjugate and quad.statistics == ("w", "w w^T"), quad.reason
+    rows = analyse_function(
+        lambda v: -0.5 * jnp.einsum("kd,de,ke->k", v["W"], P, v["W"]),
+        {"W": jnp.ones((2, 3))},
+        "W",
+        "MultivariateNormal",
+    )
+    assert rows.conjugate and rows.statistics == ("W W^T",), rows.reason
+    across = analyse_function(
+        lambda v: v["W"][0] @ P @ v["W"][1], {"W": jnp.ones((2, 3))}, "W", "MultivariateNormal"
+    )
+    assert not across.conjugate and "rows" in across.reason
+
+
 def test_piecewise_with_equal_pieces_is_accepted():
     # |tau| on a positive latent: one branch everywhere
     v = classify_edge(

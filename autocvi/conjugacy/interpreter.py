@@ -825,6 +825,23 @@ def r_dot_general(it, eqn, ins):
         f = lambda c: dot(c, rhs.const)  # noqa: E731
         return [A.linear(ctx, lhs.abs, f, shape, idx_rule=rule_, grp_rule=grule)]
     # bilinear in two target-dependent operands
+    (lc, rc), (lb, rb) = dn
+    nb = len(lb)
+    nlf = len(lhs.abs.shape) - len(lc) - len(lb)
+
+    def side_groups(g, side):
+        """Groups met along the contraction, laid out in the output's dimensions."""
+        contract, batch = (lc, lb) if side == 0 else (rc, rb)
+        red = A.reduce_groups(g, tuple(contract))
+        remaining = [d for d in range(g.ndim) if d not in contract]
+        free = [d for d in range(g.ndim) if d not in contract and d not in batch]
+        red = np.transpose(red, [remaining.index(d) for d in list(batch) + free])
+        if side == 0:
+            dims = list(range(nb + len(free)))
+        else:
+            dims = list(range(nb)) + list(range(nb + nlf, nb + nlf + len(free)))
+        return _np_broadcast_in_dim(red, shape, dims)
+
     out: dict = {}
     for m1, t1 in lhs.abs.terms.items():
         for m2, t2 in rhs.abs.terms.items():
@@ -833,17 +850,25 @@ def r_dot_general(it, eqn, ins):
                     A.emit(ctx, out, m1.times(m2), Term(None))
                 else:
                     A.emit(ctx, out, m1.times(m2), Term(dot(t1.c, t2.c)))
-            elif m1 == CONST and m2 == CONST:
+                continue
+            if m1 == CONST and m2 == CONST:
                 A.emit(ctx, out, CONST, Term(dot(t1.c, t2.c)))
-            elif m1 == CONST or m2 == CONST:
-                A.emit(ctx, out, m1.times(m2), Term(None))
-            else:
-                if not ctx.discrete and not (m1.is_polynomial() and m2.is_polynomial()):
-                    return [_cross_opaque(it, eqn, ins)]
-                m = m1.times(m2, cross=True)
-                if m.ind:
-                    m = IND_CROSS
-                A.emit(ctx, out, m, Term(None))
+                continue
+            if m1 == CONST or m2 == CONST:  # linear in the other operand
+                side, t, const = (1, t2, t1.c) if m1 == CONST else (0, t1, t2.c)
+                g = A.group_map(ctx, t, lhs.abs.shape if side == 0 else rhs.abs.shape)
+                A.emit(ctx, out, m1.times(m2), A.inexact(ctx, _dot_grp_rule(dn, side, const)(g)))
+                continue
+            if not ctx.discrete and not (m1.is_polynomial() and m2.is_polynomial()):
+                return [_cross_opaque(it, eqn, ins)]
+            gl = side_groups(A.group_map(ctx, t1, lhs.abs.shape), 0)
+            gr = side_groups(A.group_map(ctx, t2, rhs.abs.shape), 1)
+            g = A.product_groups(gl, gr)
+            cross = bool(np.any(g == -2))
+            m = m1.times(m2, cross=cross)
+            if m.ind:
+                m = IND_CROSS if cross else IND
+            A.emit(ctx, out, m, Term(None) if cross else A.inexact(ctx, g))
     return [Poly(A._drop_zero(out), shape)]
 
 
