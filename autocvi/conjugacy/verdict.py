@@ -10,6 +10,7 @@ Both return an :class:`EdgeVerdict`.
 
 from __future__ import annotations
 
+import os
 import weakref
 from dataclasses import dataclass, field
 
@@ -519,6 +520,29 @@ def _other_values_verdict(entry, leaves, tpos, spec, target, site_name, first):
     return EdgeVerdict(True, stats, reason, first.param_forms)
 
 
+def _classify(entry, leaves, tpos, spec, target, site_name) -> EdgeVerdict:
+    bad = _check_discrete(spec, leaves[tpos], target)
+    if bad is not None:
+        return bad
+    try:
+        ctx, run, _ = _analyse(entry, leaves, tpos, spec, target)
+        params = {n: run.outs[1 + i] for i, n in enumerate(entry[2])}
+        verdict = _judge(ctx, spec, run, site_name, params)
+        if verdict.conjugate:
+            verdict = _other_values_verdict(entry, leaves, tpos, spec, target, site_name, verdict)
+    except Exception as err:  # never guess "conjugate"
+        if os.environ.get("AUTOCVI_CONJUGACY_DEBUG"):
+            raise
+        return EdgeVerdict(
+            False,
+            (),
+            f"the conjugacy analysis of {_site_label(site_name)} in {target} failed "
+            f"({type(err).__name__}: {err}); treated as non-conjugate.",
+            {},
+        )
+    return verdict
+
+
 def analyse_function(fn, values: dict, target: str, family: str, site_name=None) -> EdgeVerdict:
     """Conjugacy verdict for a plain JAX function ``fn(values) -> array`` (a log density).
 
@@ -535,14 +559,7 @@ def analyse_function(fn, values: dict, target: str, family: str, site_name=None)
     spec = _get_spec(family)
     tpos = _target_position(values, target)
     entry, leaves = _trace(fn, values, "fn")
-    bad = _check_discrete(spec, leaves[tpos], target)
-    if bad is not None:
-        return bad
-    ctx, run, _ = _analyse(entry, leaves, tpos, spec, target)
-    verdict = _judge(ctx, spec, run, site_name, {})
-    if verdict.conjugate:
-        verdict = _other_values_verdict(entry, leaves, tpos, spec, target, site_name, verdict)
-    return verdict
+    return _classify(entry, leaves, tpos, spec, target, site_name)
 
 
 def classify_edge(site_fn, values: dict, target: str, family: str, site_name=None) -> EdgeVerdict:
@@ -565,13 +582,4 @@ def classify_edge(site_fn, values: dict, target: str, family: str, site_name=Non
     spec = _get_spec(family)
     tpos = _target_position(values, target)
     entry, leaves = _trace(site_fn, values, "site")
-    names = entry[2]
-    bad = _check_discrete(spec, leaves[tpos], target)
-    if bad is not None:
-        return bad
-    ctx, run, _ = _analyse(entry, leaves, tpos, spec, target)
-    params = {n: run.outs[1 + i] for i, n in enumerate(names)}
-    verdict = _judge(ctx, spec, run, site_name, params)
-    if verdict.conjugate:
-        verdict = _other_values_verdict(entry, leaves, tpos, spec, target, site_name, verdict)
-    return verdict
+    return _classify(entry, leaves, tpos, spec, target, site_name)
