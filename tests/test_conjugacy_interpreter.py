@@ -780,6 +780,24 @@ def test_mvn_covariance_scaled_by_a_precision(param):
     assert not v.conjugate and "`cholesky`" in v.reason
 
 
+def test_mvn_diagonal_covariance_of_vector_precision():
+    values = {"m": jnp.asarray([0.1, 0.2, 0.3]), "t": jnp.asarray([1.5, 0.7, 2.0])}
+    cov = classify_edge(
+        lambda v: (dist.MultivariateNormal(v["m"], jnp.diag(1 / v["t"])), MVN_Y),
+        values,
+        "t",
+        "Gamma",
+    )
+    assert cov.conjugate and cov.statistics == ("log t", "t"), cov.reason
+    std = classify_edge(
+        lambda v: (dist.MultivariateNormal(v["m"], scale_tril=jnp.diag(v["t"])), MVN_Y),
+        values,
+        "t",
+        "Gamma",
+    )
+    assert not std.conjugate and "t^-2" in std.reason
+
+
 FLOAT32_SCRIPT = """
 import jax.numpy as jnp, numpy as np, numpyro.distributions as dist
 from autocvi.conjugacy import classify_edge

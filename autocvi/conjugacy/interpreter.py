@@ -905,13 +905,50 @@ def _monomial_poly(ctx: Ctx, m: Mono, idx_batch, shape) -> Poly:
     return Poly({m: Term(np.where(idx >= 0, ones, 0.0).astype(ctx.cdtype), idx)}, shape)
 
 
+def _is_diagonal(p: Poly) -> bool:
+    """Every term vanishes off the diagonal of the trailing two axes."""
+    if len(p.shape) < 2 or p.shape[-1] != p.shape[-2]:
+        return False
+    off = ~np.eye(p.shape[-1], dtype=bool)
+    for t in p.terms.values():
+        if t.c is None or np.any(np.broadcast_to(t.c, p.shape)[..., off] != 0):
+            return False
+    return True
+
+
+def _diagonal_solve(it, eqn, ins, shape):
+    """triangular_solve with a diagonal, target-dependent matrix: divide by its diagonal."""
+    ctx = it.ctx
+    a = ins[0].abs
+    b = it.arg(ins[1])
+    if eqn.params.get("unit_diagonal", False):
+        return b if isinstance(b, Poly) else np.asarray(b)
+    n = a.shape[-1]
+    dshape = a.shape[:-2] + ((n, 1) if eqn.params.get("left_side", False) else (1, n))
+
+    def diag(x):
+        return np.diagonal(np.asarray(x), axis1=-2, axis2=-1).reshape(dshape)
+
+    d = A.broadcast(A.map_struct(a, diag, diag, dshape), shape)
+    inv = A.power(ctx, d, -1.0)
+    if inv is None:
+        return it.new_opaque(eqn, ins)
+    r = A.mul(ctx, b, inv, shape)
+    return r if r is not None else _cross_opaque(it, eqn, ins)
+
+
 @rule("cholesky")
 def r_cholesky(it, eqn, ins):
     ctx = it.ctx
     shape = _aval_shape(eqn.outvars[0])
-    mm = None if ctx.discrete else _matrix_monomial(ctx, ins[0].abs)
+    if ctx.discrete:
+        return discrete_rule(it, eqn, ins)
+    mm = _matrix_monomial(ctx, ins[0].abs)
     if mm is None:
-        return discrete_rule(it, eqn, ins) if ctx.discrete else [it.new_opaque(eqn, ins)]
+        if _is_diagonal(ins[0].abs):  # cholesky of a diagonal matrix: elementwise sqrt
+            r = A.power(ctx, ins[0].abs, 0.5)
+            return [r if r is not None else it.new_opaque(eqn, ins)]
+        return [it.new_opaque(eqn, ins)]
     c, m, idx = mm
     half = A.power(ctx, _monomial_poly(ctx, m, idx, shape), 0.5)
     try:
@@ -928,9 +965,13 @@ def r_triangular_solve(it, eqn, ins):
     ctx = it.ctx
     shape = _aval_shape(eqn.outvars[0])
     if ins[0].dep:
-        mm = None if ctx.discrete else _matrix_monomial(ctx, ins[0].abs)
+        if ctx.discrete:
+            return discrete_rule(it, eqn, ins)
+        mm = _matrix_monomial(ctx, ins[0].abs)
         if mm is None:
-            return discrete_rule(it, eqn, ins) if ctx.discrete else [it.new_opaque(eqn, ins)]
+            if _is_diagonal(ins[0].abs):
+                return [_diagonal_solve(it, eqn, ins, shape)]
+            return [it.new_opaque(eqn, ins)]
         c, m, idx = mm
         inv = A.power(ctx, _monomial_poly(ctx, m, idx, shape[:-2] + (1, 1)), -1.0)
         if inv is None:
