@@ -175,6 +175,16 @@ class FactorGraph:
         """One draw of every latent and param site (the trace's values)."""
         return dict(self._example_values)
 
+    def draw_latents(self, rng_key) -> dict[str, Any]:
+        """A fresh prior draw of every latent site, params held at their values.
+
+        A pure JAX function of ``rng_key`` (usable under ``jit``); shapes as in
+        :attr:`example_values`.
+        """
+        params = {n: self._example_values[n] for n in self.params}
+        tr = self._site_fn_builder.run(params, rng_key=rng_key)
+        return {n: tr[n]["value"] for n in self.latent_names}
+
     def factors_of(self, latent: str) -> tuple[str, ...]:
         """Names of the factors whose density depends on ``latent``."""
         self._check_latent(latent)

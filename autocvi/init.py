@@ -23,7 +23,10 @@ _UNCONSTRAINED_INIT_VAR = 0.1
 
 def initial_natural(schedule: Schedule, rng_key) -> dict:
     """``{latent: natural parameters}`` to start CVI from."""
-    values = schedule.graph.example_values
+    rng_key, draw_key = jax.random.split(rng_key)
+    # Start from a prior draw made with this key, so that rng_key chooses the
+    # starting point (and different keys restart a mixture elsewhere).
+    values = {**schedule.graph.example_values, **schedule.graph.draw_latents(draw_key)}
     params = schedule.params
     plates = _plate_examples(schedule.graph)
     natural = {}

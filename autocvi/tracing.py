@@ -454,12 +454,12 @@ def _site_fn_builder(model: Callable, data: dict, plate_values: dict) -> Callabl
     indices of the traced run unless ``values`` overrides them by plate name.
     """
 
-    def run(values, recorder: _SiteRecorder | None = None):
+    def run(values, recorder: _SiteRecorder | None = None, rng_key=0):
         substituted = {**plate_values, **values}
         fn = _ObservedAsArray(model if recorder is None else recorder(model))
         with handlers.block():
             return handlers.trace(
-                handlers.substitute(handlers.seed(fn, 0), data=substituted)
+                handlers.substitute(handlers.seed(fn, rng_key), data=substituted)
             ).get_trace(**data)
 
     def builder(name: str) -> Callable:
