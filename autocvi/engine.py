@@ -32,11 +32,18 @@ __all__ = ["CVIState", "CVIInfo", "CVIAlgorithm", "cvi"]
 
 
 class CVIState(NamedTuple):
-    """The whole state of a CVI run: natural parameters per latent, key, step count."""
+    """The whole state of a CVI run.
+
+    ``natural``: natural parameters per latent; ``rng_key``; ``iteration``;
+    ``constant_messages``: the exact messages that never change (from factors
+    whose only latent is the node itself), computed once by ``init``, keyed
+    ``"factor->latent"``.
+    """
 
     natural: dict
     rng_key: jax.Array
     iteration: jax.Array
+    constant_messages: dict = {}
 
 
 class CVIInfo(NamedTuple):
@@ -228,7 +235,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                 if kind == "exact" and fplan.latents == (i,) and not fplan.subsampled:
                     lay = layouts[i]
                     mu_ref = lay.fam.natural_to_mean(_reference_natural(lay, ref_key))
-                    out[(fname, i)] = exact_message(fplan, i, {}, {i: mu_ref}, ref_key, params)
+                    out[f"{fname}->{i}"] = exact_message(fplan, i, {}, {i: mu_ref}, ref_key, params)
         return out
 
     message_fns = {
@@ -273,9 +280,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         from .init import initial_natural
 
         natural = initial_natural(schedule, rng_key)
-        return CVIState(natural, rng_key, jnp.zeros((), jnp.int32))
-
-    fixed_messages = jax.jit(constant_messages)()
+        return CVIState(natural, rng_key, jnp.zeros((), jnp.int32), constant_messages())
 
     def step(state: CVIState):
         key, plate_key, elbo_key, sweep_key = jax.random.split(state.rng_key, 4)
@@ -289,8 +294,8 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             total = None
             for fname, kind in node.incoming:
                 sweep_key, sub = jax.random.split(sweep_key)
-                if (fname, i) in fixed_messages:
-                    g = fixed_messages[(fname, i)]
+                if f"{fname}->{i}" in state.constant_messages:
+                    g = state.constant_messages[f"{fname}->{i}"]
                 else:
                     g = message_fns[kind](factors[fname], i, lam, mus, sub, fixed)
                 # Factors in a subsampled plate are scaled by N/B for the global
@@ -304,7 +309,8 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             lam[i] = damped_update(layouts[i].fam, lam[i], total, beta)
         value = elbo(lam, elbo_key, fixed)
         natural = {n: _scatter(nodes[n], state.natural[n], lam[n], indices) for n in state.natural}
-        return CVIState(natural, key, state.iteration + 1), CVIInfo(value)
+        new_state = CVIState(natural, key, state.iteration + 1, state.constant_messages)
+        return new_state, CVIInfo(value)
 
     return CVIAlgorithm(init, step)
 
