@@ -11,6 +11,8 @@ the pytest process, so every test module collected with this one runs in x64
 (``tests/test_linear_predictor.py`` does the same).
 """
 
+from pathlib import Path
+
 import jax
 
 jax.config.update("jax_enable_x64", True)
@@ -27,7 +29,8 @@ from scipy.stats import multivariate_normal  # noqa: E402
 from autocvi.fit import fit  # noqa: E402
 from autocvi.schedule import plan  # noqa: E402
 
-DATA = "/work/shared/data"
+# The papers' datasets live in ../shared/data relative to the project root.
+DATA = str(Path(__file__).resolve().parents[1].parent / "shared" / "data")
 
 
 def one_step(model, data, **kw):

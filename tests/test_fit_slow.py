@@ -10,6 +10,8 @@ numbers. This module enables ``jax_enable_x64`` at import (global to the
 pytest process, like tests/test_fit.py).
 """
 
+from pathlib import Path
+
 import jax
 
 jax.config.update("jax_enable_x64", True)
@@ -26,7 +28,8 @@ from numpyro.infer.util import log_density  # noqa: E402
 from autocvi.fit import fit  # noqa: E402
 from autocvi.schedule import plan  # noqa: E402
 
-DATA = "/work/shared/data"
+# The papers' datasets live in ../shared/data relative to the project root.
+DATA = str(Path(__file__).resolve().parents[1].parent / "shared" / "data")
 
 
 def nuts_samples(model, data, seed=0):
