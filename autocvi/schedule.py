@@ -92,11 +92,19 @@ class Schedule:
 
     @property
     def deterministic(self) -> bool:
-        """No Monte Carlo message and no subsampling: each step is a fixed map."""
-        kinds = {kind for n in self.nodes.values() for _, kind in n.incoming}
-        return kinds <= {"exact", "gauss-hermite"} and not any(
-            f.subsampled for f in self.factors.values()
-        )
+        """Every step is a fixed map: no subsampling and no Monte Carlo estimate.
+
+        True when each factor has at most one non-conjugate neighbour and that
+        neighbour gets a Gauss-Hermite message (a second non-conjugate
+        neighbour would be sampled inside the expectation).
+        """
+        for f in self.factors.values():
+            if f.subsampled:
+                return False
+            nonconj = [j for j in f.latents if not f.conjugate[j]]
+            if len(nonconj) > 1 or (nonconj and nonconj[0] not in f.linear_predictors):
+                return False
+        return True
 
     @property
     def all_exact(self) -> bool:
