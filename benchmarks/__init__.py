@@ -1,0 +1,1 @@
+"""autocvi benchmarks against NumPyro SVI and BayesPy; see benchmarks/README.md."""

@@ -1,0 +1,39 @@
+"""Run benchmarks: ``python -m benchmarks [name ...] [--quick]``.
+
+With no names every benchmark runs. ``--quick`` shrinks step counts and Monte
+Carlo sizes for a smoke test (results are then not representative, and are
+still written to ``benchmarks/results/``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+
+BENCHMARKS = ("logistic_regression", "gaussian_mixture")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    sys.stdout.reconfigure(line_buffering=True)
+    flags = [a for a in argv if a.startswith("-")]
+    names = [a for a in argv if not a.startswith("-")] or list(BENCHMARKS)
+    if "-h" in flags or "--help" in flags:
+        print(__doc__)
+        print("available:", ", ".join(BENCHMARKS))
+        return 0
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        print(f"unknown benchmark(s): {', '.join(unknown)}; available: {', '.join(BENCHMARKS)}")
+        return 2
+    for name in names:
+        module = importlib.import_module(f"benchmarks.{name}")
+        t0 = time.perf_counter()
+        module.main(flags)
+        print(f"[{name}] done in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
