@@ -46,9 +46,15 @@ def synthetic(seed=0):
     return Z, Y.astype(np.float32)
 
 
+def load_data():
+    """Synthetic data from the model (see :func:`synthetic`)."""
+    _, Y = synthetic()
+    return {"Y": jnp.asarray(Y), "K": K, "sigma2": SIGMA2, "a": A, "b": B}
+
+
 def main():
-    Z_true, Y = synthetic()
-    data = {"Y": jnp.asarray(Y), "K": K, "sigma2": SIGMA2, "a": A, "b": B}
+    Z_true, _ = synthetic()
+    data = load_data()
     print(autocvi.trace(gamma_factor_model, data))
     print()
     print(autocvi.plan(gamma_factor_model, data, step_size=STEP_SIZE))

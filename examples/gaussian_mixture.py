@@ -35,10 +35,15 @@ def gmm(X, K=3):
         numpyro.sample("x", dist.Normal(mu[z], 1.0 / jnp.sqrt(tau[z])).to_event(1), obs=X)
 
 
+def load_data():
+    """Standardised iris measurements and K = 3 components."""
+    X = StandardScaler().fit_transform(load_iris().data)
+    return {"X": jnp.asarray(X, jnp.float32), "K": 3}
+
+
 def main():
     iris = load_iris()
-    X = StandardScaler().fit_transform(iris.data)
-    data = {"X": jnp.asarray(X, jnp.float32), "K": 3}
+    data = load_data()
 
     print(autocvi.trace(gmm, data))
     print()

@@ -62,6 +62,11 @@ def load():
     )
 
 
+def load_data():
+    """The training inputs and labels and the test inputs (ionosphere split)."""
+    return load()[0]
+
+
 def main():
     data, y_test = load()
     print(autocvi.plan(gp_classifier, data))

@@ -41,13 +41,17 @@ def poisson_gamma(Y, K=6, a=1.0, b=1.0):
         numpyro.sample("Y", dist.Poisson(Z @ W), obs=Y)
 
 
+def load_data():
+    """Pixel counts of the first NUM_IMAGES digits (pixels never lit removed)."""
+    Y = load_digits().data[:NUM_IMAGES].astype(np.float32)
+    Y = Y[:, Y.sum(axis=0) > 0]
+    return {"Y": jnp.asarray(Y), "K": K, "a": A, "b": B}
+
+
 def main():
-    digits = load_digits()
-    Y = digits.data[:NUM_IMAGES].astype(np.float32)
-    keep = Y.sum(axis=0) > 0
-    Y = Y[:, keep]
-    print(f"{NUM_IMAGES} digits, {int(keep.sum())} of 64 pixels non-zero somewhere, K = {K}")
-    data = {"Y": jnp.asarray(Y), "K": K, "a": A, "b": B}
+    data = load_data()
+    Y = np.asarray(data["Y"])
+    print(f"{NUM_IMAGES} digits, {Y.shape[1]} of 64 pixels non-zero somewhere, K = {K}")
 
     print(autocvi.trace(poisson_gamma, data))
     print()
