@@ -102,7 +102,8 @@ def fit(
         data: keyword arguments for the model, observations included.
         num_steps: maximum iterations (default 100 when every message is
             exact, 500 otherwise). Stops early at convergence.
-        step_size: beta; default 1 when every message is exact (VMP), else 0.5.
+        step_size: beta; default 1 when every message is exact (VMP), 0.1 with
+            Fisher-route messages, else 0.5.
         rng_key: a ``jax.random.PRNGKey`` or an int seed (default 0).
         num_samples: Monte Carlo draws per estimated message.
         tol: convergence tolerance on the relative ELBO change between
