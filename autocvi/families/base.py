@@ -24,7 +24,14 @@ from numpyro.distributions.distribution import (
     MaskedDistribution,
 )
 
-__all__ = ["Family", "unwrap_distribution", "cho_solve", "symmetrize", "trigamma"]
+__all__ = [
+    "Family",
+    "family_from_namespace",
+    "unwrap_distribution",
+    "cho_solve",
+    "symmetrize",
+    "trigamma",
+]
 
 
 class Family(NamedTuple):
@@ -47,6 +54,15 @@ class Family(NamedTuple):
     from_numpyro: Callable  # numpyro Distribution of the matching type -> lam
     is_valid: Callable  # lam -> bool array, shape batch: lam inside the natural domain
     moment_nodes: Callable  # mu -> (nodes, weights)
+
+
+def family_from_namespace(name: str, event_ndim: int, namespace: dict) -> Family:
+    """The Family whose functions are the same-named ones in ``namespace``.
+
+    Each family module defines ``sufficient_statistics``, ``natural_to_mean``, ...
+    at top level and builds its record with ``family_from_namespace(..., globals())``.
+    """
+    return Family(name, event_ndim, **{f: namespace[f] for f in Family._fields[2:]})
 
 
 def unwrap_distribution(d: dist.Distribution) -> dist.Distribution:

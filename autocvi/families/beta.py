@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax.scipy.special import digamma, gammaln
 from numpyro import distributions as dist
 
-from .base import Family, unwrap_distribution
+from .base import family_from_namespace, unwrap_distribution
 from .dirichlet import solve_dirichlet
 
 
@@ -120,18 +120,4 @@ def moment_nodes(mu):
     return nodes, weights
 
 
-Beta = Family(
-    name="Beta",
-    event_ndim=0,
-    sufficient_statistics=sufficient_statistics,
-    natural_to_mean=natural_to_mean,
-    mean_to_natural=mean_to_natural,
-    log_partition=log_partition,
-    log_base_measure=log_base_measure,
-    entropy=entropy,
-    sample=sample,
-    to_numpyro=to_numpyro,
-    from_numpyro=from_numpyro,
-    is_valid=is_valid,
-    moment_nodes=moment_nodes,
-)
+Beta = family_from_namespace("Beta", 0, globals())

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax.scipy.special import logsumexp
 from numpyro import distributions as dist
 
-from .base import Family, unwrap_distribution
+from .base import family_from_namespace, unwrap_distribution
 
 
 def sufficient_statistics(z, num_categories=None):
@@ -112,18 +112,4 @@ def moment_nodes(mu):
     return nodes, weights
 
 
-Categorical = Family(
-    name="Categorical",
-    event_ndim=0,
-    sufficient_statistics=sufficient_statistics,
-    natural_to_mean=natural_to_mean,
-    mean_to_natural=mean_to_natural,
-    log_partition=log_partition,
-    log_base_measure=log_base_measure,
-    entropy=entropy,
-    sample=sample,
-    to_numpyro=to_numpyro,
-    from_numpyro=from_numpyro,
-    is_valid=is_valid,
-    moment_nodes=moment_nodes,
-)
+Categorical = family_from_namespace("Categorical", 0, globals())

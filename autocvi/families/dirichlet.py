@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax.scipy.special import digamma, gammaln
 from numpyro import distributions as dist
 
-from .base import Family, trigamma, unwrap_distribution
+from .base import family_from_namespace, trigamma, unwrap_distribution
 
 BISECTION_STEPS = 30
 NEWTON_STEPS = 4
@@ -170,18 +170,4 @@ def moment_nodes(mu):
     return nodes, jnp.ones(nodes.shape[:-1], dtype=nodes.dtype)
 
 
-Dirichlet = Family(
-    name="Dirichlet",
-    event_ndim=1,
-    sufficient_statistics=sufficient_statistics,
-    natural_to_mean=natural_to_mean,
-    mean_to_natural=mean_to_natural,
-    log_partition=log_partition,
-    log_base_measure=log_base_measure,
-    entropy=entropy,
-    sample=sample,
-    to_numpyro=to_numpyro,
-    from_numpyro=from_numpyro,
-    is_valid=is_valid,
-    moment_nodes=moment_nodes,
-)
+Dirichlet = family_from_namespace("Dirichlet", 1, globals())

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from numpyro import distributions as dist
 
-from .base import Family, cho_solve, symmetrize, unwrap_distribution
+from .base import cho_solve, family_from_namespace, symmetrize, unwrap_distribution
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -159,18 +159,4 @@ def moment_nodes(mu):
     return nodes, weights
 
 
-MultivariateNormal = Family(
-    name="MultivariateNormal",
-    event_ndim=1,
-    sufficient_statistics=sufficient_statistics,
-    natural_to_mean=natural_to_mean,
-    mean_to_natural=mean_to_natural,
-    log_partition=log_partition,
-    log_base_measure=log_base_measure,
-    entropy=entropy,
-    sample=sample,
-    to_numpyro=to_numpyro,
-    from_numpyro=from_numpyro,
-    is_valid=is_valid,
-    moment_nodes=moment_nodes,
-)
+MultivariateNormal = family_from_namespace("MultivariateNormal", 1, globals())

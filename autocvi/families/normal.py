@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from numpyro import distributions as dist
 
-from .base import Family, unwrap_distribution
+from .base import family_from_namespace, unwrap_distribution
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -106,18 +106,4 @@ def moment_nodes(mu):
     return nodes, weights
 
 
-Normal = Family(
-    name="Normal",
-    event_ndim=0,
-    sufficient_statistics=sufficient_statistics,
-    natural_to_mean=natural_to_mean,
-    mean_to_natural=mean_to_natural,
-    log_partition=log_partition,
-    log_base_measure=log_base_measure,
-    entropy=entropy,
-    sample=sample,
-    to_numpyro=to_numpyro,
-    from_numpyro=from_numpyro,
-    is_valid=is_valid,
-    moment_nodes=moment_nodes,
-)
+Normal = family_from_namespace("Normal", 0, globals())
