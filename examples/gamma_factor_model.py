@@ -10,6 +10,13 @@ natural-gradient messages (CVI App. F) with a damped step. The data are drawn
 from the model with known Z, so the fit can be checked against the truth
 (up to a permutation of the K columns).
 
+Known limitation (printed at the end): with Fisher-route Monte Carlo messages
+the fit improves slowly. The default stochastic convergence test stops it
+early (after ~45 iterations the ELBO change is within the noise), so this
+example runs a fixed number of iterations (``tol=0``); even then the
+log-likelihood at E[Z] stays well below the one at the true Z. Larger steps
+(beta = 0.5) leave the valid region (E[Z] not finite).
+
     python examples/gamma_factor_model.py
 """
 
@@ -23,7 +30,7 @@ import numpyro.distributions as dist
 
 import autocvi
 
-N, D, K = 500, 8, 2
+N, D, K = 300, 8, 2
 SIGMA2 = 0.1
 A, B = 1.0, 1.0
 NUM_STEPS = 300
@@ -61,7 +68,12 @@ def main():
     print()
     t0 = time.perf_counter()
     result = autocvi.fit(
-        gamma_factor_model, data, num_steps=NUM_STEPS, step_size=STEP_SIZE, progress_bar=False
+        gamma_factor_model,
+        data,
+        num_steps=NUM_STEPS,
+        step_size=STEP_SIZE,
+        tol=0.0,  # run every iteration: the noisy ELBO would trigger an early stop
+        progress_bar=False,
     )
     print(f"fit: {time.perf_counter() - t0:.1f} s")
     print(result.summary(max_elements=D * K))
@@ -75,6 +87,20 @@ def main():
         )
     cov_err = np.abs(Z_mean @ Z_mean.T - Z_true @ Z_true.T).max()
     print(f"max |E[Z] E[Z]^T - Z Z^T| = {cov_err:.3f}")
+
+    elbo = result.elbo
+    marks = [i for i in (0, 9, 49, 99, 199, len(elbo) - 1) if i < len(elbo)]
+    print("ELBO at iterations " + ", ".join(f"{i + 1}: {elbo[i]:.1f}" for i in marks))
+
+    def log_likelihood(Z):
+        cov = jnp.asarray(Z @ Z.T + SIGMA2 * np.eye(D), jnp.float32)
+        return float(dist.MultivariateNormal(jnp.zeros(D), cov).log_prob(data["Y"]).sum())
+
+    if np.all(np.isfinite(Z_mean)):
+        print(
+            f"log-likelihood at E[Z]: {log_likelihood(Z_mean):.1f}; "
+            f"at the true Z: {log_likelihood(Z_true):.1f}"
+        )
 
 
 if __name__ == "__main__":
