@@ -68,6 +68,8 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
     num_samples = schedule.num_samples
     params = schedule.params
     graph = schedule.graph
+    blocks = schedule.blocks
+    block_factors = {f for b in blocks.values() for f in b.factors}
 
     def plate_indices(key):
         idx = {}
@@ -230,6 +232,8 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         out = {}
         ref_key = jax.random.PRNGKey(0)
         for i, node in nodes.items():
+            if i in blocks:
+                continue
             for fname, kind in node.incoming:
                 fplan = factors[fname]
                 if kind == "exact" and fplan.latents == (i,) and not fplan.subsampled:
@@ -247,9 +251,11 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
 
     # ----------------------------------------------------------------- ELBO
     def elbo(lam, key, fixed):
-        mus = {j: layouts[j].fam.natural_to_mean(lam[j]) for j in lam}
-        total = 0.0
+        mus = {j: layouts[j].fam.natural_to_mean(lam[j]) for j in lam if j not in blocks}
+        total = sum(block.elbo(lam[j]) for j, block in blocks.items())
         for fplan in factors.values():
+            if fplan.name in block_factors:
+                continue
             key, sub = jax.random.split(key)
             gh = next(iter(fplan.linear_predictors), None)
             if gh is not None:
@@ -266,13 +272,15 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             else:
                 total = total + expectation(fplan, tensor, drawn, fixed, 0)
         for j in lam:
+            if j in blocks:
+                continue
             entropy = jnp.sum(layouts[j].fam.entropy(lam[j]))
             for _, plate in nodes[j].subsample_axes:
                 entropy = entropy * (plate.size / plate.subsample_size)
             total = total + entropy
         # Factors without latent neighbours (observed-only terms) are constants,
         # and so is the log-Jacobian of whitened Gaussian nodes.
-        whitening = sum(lay.log_det_whitening for lay in layouts.values())
+        whitening = sum(lay.log_det_whitening for j, lay in layouts.items() if j not in blocks)
         return total + whitening + _constant_terms(graph, params, fixed)
 
     # ----------------------------------------------------------- init/step
@@ -290,7 +298,11 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         lam = {n: _gather(nodes[n], lam_n, indices) for n, lam_n in state.natural.items()}
         for i in schedule.order:
             node = nodes[i]
-            mus = {j: layouts[j].fam.natural_to_mean(lam[j]) for j in lam}
+            if i in blocks:
+                beta = schedule.step_size_at(state.iteration)
+                lam[i] = blocks[i].update(lam[i], beta)
+                continue
+            mus = {j: layouts[j].fam.natural_to_mean(lam[j]) for j in lam if j not in blocks}
             total = None
             for fname, kind in node.incoming:
                 sweep_key, sub = jax.random.split(sweep_key)

@@ -56,7 +56,11 @@ class FitResult:
         out = {}
         for name, lay in self._layouts.items():
             rng_key, sub = jax.random.split(rng_key)
-            draws = lay.fam.sample(sub, self.state.natural[name], (num_samples,))
+            block = self.schedule.blocks.get(name)
+            if block is not None:
+                draws = block.sample_x(self.state.natural[name], sub, num_samples)
+            else:
+                draws = lay.fam.sample(sub, self.state.natural[name], (num_samples,))
             out[name] = lay.to_site(draws)
         return out
 
@@ -160,7 +164,12 @@ def fit(
         bar.close()
     wall = time.perf_counter() - start
     layouts = {n: node.layout for n, node in schedule.nodes.items()}
-    posterior = {n: _posterior(lay, state.natural[n]) for n, lay in layouts.items()}
+    posterior = {
+        n: schedule.blocks[n].posterior(state.natural[n])
+        if n in schedule.blocks
+        else _posterior(lay, state.natural[n])
+        for n, lay in layouts.items()
+    }
     return FitResult(
         posterior=posterior,
         elbo=np.asarray(elbos),

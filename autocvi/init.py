@@ -33,6 +33,9 @@ def initial_natural(schedule: Schedule, rng_key) -> dict:
     for name, node in schedule.nodes.items():
         lay = node.layout
         rng_key, sub = jax.random.split(rng_key)
+        if name in schedule.blocks:
+            natural[name] = schedule.blocks[name].init_sites()
+            continue
         draw = lay.from_site(values[name])
         if lay.family == "Unconstrained":
             natural[name] = _full_size(node, _gaussian_at(lay, draw, _UNCONSTRAINED_INIT_VAR))

@@ -80,6 +80,9 @@ class Schedule:
     step_size: float
     num_samples: int
     params: dict = field(default_factory=dict, repr=False)
+    # Gaussian nodes kept as prior + sites, with the solver chosen from structure
+    # (autocvi.gaussian_block): node name -> GaussianBlock.
+    blocks: dict = field(default_factory=dict, repr=False)
     # Global nodes of a subsampled model use beta_t = step_size * (1 + t)^-decay
     # (Robbins-Monro, as stochastic VI, Hoffman et al. 2013); local nodes use step_size.
     step_size_decay: float = 0.0
@@ -116,6 +119,8 @@ class Schedule:
             node = self.nodes[name]
             msgs = "; ".join(f"{f} ({k})" for f, k in node.incoming)
             shape = "x".join(str(s) for s in node.layout.shape) or "scalar"
+            if name in self.blocks:
+                shape += f" [{self.blocks[name].describe()}]"
             if node.local:
                 shape += " (local: " + ", ".join(str(p) for _, p in node.subsample_axes) + ")"
             rows.append((pos + 1, name, node.layout.family, shape, msgs))
@@ -167,16 +172,20 @@ def build_schedule(
     rng_key=None,
     use_quadrature: bool = True,
     step_size_decay: float | None = None,
+    gaussian_blocks: bool = True,
 ) -> Schedule:
     """Plan the schedule for an already classified graph (see :func:`plan`).
 
     ``use_quadrature=False`` replaces Gauss-Hermite messages by Monte Carlo ones.
+    ``gaussian_blocks=False`` keeps every Gaussian node as dense natural
+    parameters instead of prior + sites (a reference for tests).
     """
     layouts = latent_layouts(graph)
     values = graph.example_values
     params = {n: values[n] for n in graph.params}
     example = {**values, **_plate_examples(graph)}
     factors: dict[str, FactorPlan] = {}
+    oversize: set[tuple[str, str]] = set()
     new_edges: dict[tuple[str, str], EdgeInfo] = {}
     for fac in graph.factors.values():
         if not fac.latents:
@@ -197,11 +206,20 @@ def build_schedule(
         predictors = {}
         if use_quadrature:
             for latent in fac.latents:
-                lp = _gauss_hermite_predictor(
-                    log_density, example, latent, layouts[latent], conj[latent], out.shape
+                lay = layouts[latent]
+                # A whole-site Gaussian may become a Gaussian block, which never
+                # forms the predictor's Jacobian; others are limited in size.
+                block_candidate = (
+                    gaussian_blocks and lay.q_family == "MultivariateNormal" and lay.plate_ndim == 0
                 )
+                too_big = math.prod(out.shape) * math.prod(lay.shape) > _MAX_PREDICTOR_JACOBIAN
+                if too_big and not block_candidate:
+                    continue
+                lp = _gauss_hermite_predictor(log_density, example, latent, lay, conj[latent])
                 if lp is not None:
                     predictors[latent] = lp
+                    if too_big:
+                        oversize.add((fac.name, latent))
         factors[fac.name] = FactorPlan(
             name=fac.name,
             latents=fac.latents,
@@ -265,6 +283,21 @@ def build_schedule(
         return 0 if layouts[n].discrete else (1 if nodes[n].local else 2)
 
     order = tuple(sorted(layouts, key=rank))
+    blocks = {}
+    if gaussian_blocks:
+        from .gaussian_block import find_block
+
+        for name, node in nodes.items():
+            block = find_block(node, factors, example, params)
+            if block is not None:
+                blocks[name] = block
+    # Predictors too large for the dense Gauss-Hermite message: Monte Carlo instead.
+    for fname, latent in oversize:
+        if latent not in blocks:
+            del factors[fname].linear_predictors[latent]
+            node = nodes[latent]
+            incoming = tuple((f, "monte-carlo" if f == fname else k) for f, k in node.incoming)
+            nodes[latent] = NodePlan(node.name, node.layout, incoming, node.subsample_axes)
     edges = dict(new_edges)
     for name, node in nodes.items():
         for fname, kind in node.incoming:
@@ -272,7 +305,7 @@ def build_schedule(
                 e = new_edges.get((fname, name)) or graph.edges.get((fname, name), EdgeInfo())
                 edges[(fname, name)] = EdgeInfo(e.conjugate, e.reason, e.statistics, kind)
     graph = graph.with_edges(edges)
-    schedule = Schedule(graph, nodes, factors, order, 1.0, num_samples, params)
+    schedule = Schedule(graph, nodes, factors, order, 1.0, num_samples, params, blocks=blocks)
     schedule.step_size = _default_step_size(schedule) if step_size is None else step_size
     if any(f.subsampled for f in factors.values()):
         schedule.step_size_decay = 0.6 if step_size_decay is None else step_size_decay
@@ -321,15 +354,13 @@ def _plate_examples(graph: FactorGraph) -> dict:
 _MAX_PREDICTOR_JACOBIAN = 50_000_000
 
 
-def _gauss_hermite_predictor(log_density, example, latent, lay, conjugate, out_shape):
+def _gauss_hermite_predictor(log_density, example, latent, lay, conjugate):
     """A linear-predictor split of a non-conjugate factor for a Gaussian node, or None."""
     if (
         conjugate
         or lay.transform is not None
         or lay.q_family not in ("Normal", "MultivariateNormal")
     ):
-        return None
-    if math.prod(out_shape) * math.prod(lay.shape) > _MAX_PREDICTOR_JACOBIAN:
         return None
     from .linear_predictor import find_linear_predictor
 

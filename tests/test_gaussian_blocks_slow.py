@@ -47,7 +47,9 @@ def test_gp_classification_ionosphere_matches_nuts_predictive():
     n = data["X"].shape[0]
     result = autocvi.fit(gp_classifier, data, rng_key=0, progress_bar=False)
     q = result.posterior["f"]
-    p_cvi = predictive_probability(np.asarray(q.loc)[n:], np.diag(np.asarray(q.covariance_matrix))[n:])
+    p_cvi = predictive_probability(
+        np.asarray(q.loc)[n:], np.diag(np.asarray(q.covariance_matrix))[n:]
+    )
 
     mcmc = MCMC(NUTS(whitened_gp), num_warmup=400, num_samples=400, progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), **data)

@@ -1,0 +1,434 @@
+"""Gaussian blocks: a Gaussian node kept as its prior plus likelihood sites.
+
+A Gaussian latent qualifies when (DESIGN.md "Gaussian blocks"):
+
+* its q is one joint Gaussian over the whole site (no plates, no transform);
+* its only conjugate factor is its own prior, whose parameters are constants;
+* every other factor touching it touches no other latent, is not subsampled,
+  and sees it only through an affine predictor per element
+  (``eta = A x + b``; Gauss-Hermite messages).
+
+Then the node's state is one site ``(lam1_n, lam2_n)`` per predictor element,
+O(N) numbers (CVI paper Alg. 1; KL-prox Sec. 5), and the node's posterior is
+recomputed from the prior and the sites by a solver chosen from structure
+(:mod:`autocvi.gaussian_solvers`):
+
+* ``markov``: the prior's precision is tridiagonal (GaussianRandomWalk, an
+  AR(1) written as a scan, iid) and each element of the predictor reads one
+  state: O(T);
+* ``function-space``: a dense kernel prior (a whitened MultivariateNormal) or
+  more latent dimensions than sites (D > N): N x N, no D x D matrix;
+* ``weight-space``: otherwise (D <= N): D x D.
+
+The structure is read numerically from the factors' log densities, never from
+the model's name: the prior's precision by Hessian-vector products (a probe
+per colour of a 3-colouring recovers a tridiagonal matrix; a random probe
+verifies the pattern), the predictor's matrix by a Jacobian or, when every
+element reads one state, by one Jacobian-vector product plus a random check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from numpyro.distributions import Distribution, constraints
+
+from . import gaussian_solvers as gs
+
+__all__ = ["GaussianBlock", "find_block", "BlockPosterior"]
+
+# Largest predictor Jacobian (elements) formed for the dense solvers.
+_MAX_JACOBIAN = 50_000_000
+# Blocks up to this dimension report a numpyro MultivariateNormal posterior;
+# larger ones a BlockPosterior (mean, variance, draws; no D x D matrix).
+_MAX_DENSE_POSTERIOR = 1000
+# Probabilists' Gauss-Hermite rule (as the engine's), E_{N(0,1)}[g] ~= sum w g(x).
+_GH_NODES, _GH_WEIGHTS = (np.asarray(a) for a in np.polynomial.hermite_e.hermegauss(32))
+_GH_WEIGHTS = _GH_WEIGHTS / np.sqrt(2.0 * np.pi)
+
+
+@dataclass(frozen=True)
+class _Term:
+    """One likelihood factor of the block: eta = A x + b and l(eta) per element."""
+
+    factor: str
+    eta_shape: tuple[int, ...]
+    rest: Any = field(repr=False)  # eta (eta_shape) -> per-element log density
+    A: Any = field(default=None, repr=False)  # (N, D) dense, or None
+    a: Any = field(default=None, repr=False)  # (D,) when eta_t = a_t x_t + b_t
+    b: Any = field(default=None, repr=False)  # (N,)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.eta_shape))
+
+
+@dataclass(frozen=True)
+class GaussianBlock:
+    """How a Gaussian node's posterior is computed from its prior and sites."""
+
+    name: str
+    solver: str  # "weight-space" | "function-space" | "markov"
+    prior_factor: str
+    terms: tuple[_Term, ...]
+    layout: Any = field(repr=False)
+    dim: int = 0
+    # diagonal prior: x = m0 + sd0 * u, u ~ N(0, I); markov prior: (q_diag, q_off, h)
+    prior: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def factors(self) -> tuple[str, ...]:
+        return (self.prior_factor,) + tuple(t.factor for t in self.terms)
+
+    @property
+    def num_sites(self) -> int:
+        return sum(t.size for t in self.terms)
+
+    def describe(self) -> str:
+        return f"{self.solver} sites ({self.num_sites} sites, D = {self.dim})"
+
+    # ------------------------------------------------------------ the state
+    def init_sites(self, dtype=None) -> dict:
+        """Unit-precision pseudo-observations at 0 for every element.
+
+        A zero site (q = prior) can put ``E_q[exp(eta)]`` out of range when the
+        prior is wide (a long random walk); one unit of pseudo-precision per
+        element keeps every predictor's variance at most 1 to start with.
+        """
+        dtype = dtype or jnp.result_type(float)
+        return {
+            t.factor: (jnp.zeros((t.size,), dtype), jnp.full((t.size,), -0.5, dtype))
+            for t in self.terms
+        }
+
+    def _stacked(self, sites):
+        lam1 = jnp.concatenate([sites[t.factor][0] for t in self.terms])
+        lam2 = jnp.concatenate([sites[t.factor][1] for t in self.terms])
+        return lam1, lam2
+
+    def solve(self, sites):
+        """Posterior marginals of every predictor element, and the solver's factors."""
+        lam1, lam2 = self._stacked(sites)
+        if self.solver == "markov":
+            (term,) = self.terms
+            p = self.prior
+            return gs.markov(
+                p["q_diag"], p["q_off"], p["h"], term.a, term.b, lam1, lam2, p["factored"]
+            )
+        At, mf = self.prior["At"], self.prior["mf"]
+        if self.solver == "weight-space":
+            return gs.weight_space(At, mf, lam1, lam2)
+        return gs.function_space(At, mf, lam1, lam2)
+
+    def _split(self, x):
+        out, start = {}, 0
+        for t in self.terms:
+            out[t.factor] = x[start : start + t.size]
+            start += t.size
+        return out
+
+    def expected_log_likelihood(self, marginals: gs.SiteMarginals):
+        """sum_n E_{N(eta_n | m_n, v_n)}[log p_n(eta_n)] by 32-node Gauss-Hermite."""
+        means, variances = self._split(marginals.mean), self._split(marginals.var)
+        return sum(_gh_expectation(t, means[t.factor], variances[t.factor]) for t in self.terms)
+
+    def update(self, sites, beta):
+        """One CVI step on the sites: lam_n <- (1 - beta) lam_n + beta g_n (CVI Alg. 1).
+
+        ``g_n`` is the natural gradient of the expected log likelihood of
+        element n w.r.t. the mean parameters ``(m_n, m_n^2 + v_n)`` of its
+        predictor: ``lam2 = dE/dv``, ``lam1 = dE/dm - 2 m dE/dv`` (CVI App. B.1).
+        Sites with positive curvature (``lam2 > 0``: a non-log-concave
+        likelihood) are clipped at zero precision, which the solvers need;
+        non-finite messages leave their site unchanged.
+
+        Safeguard: the step is halved (up to 12 times) while it would lower the
+        ELBO or make it non-finite, and dropped if no halving helps. A full
+        CVI step is a Newton step on each predictor, which from far away
+        overshoots for exp-like likelihoods (a Poisson rate exp(eta) with counts
+        in the thousands); the safeguard makes every step an ascent step.
+        """
+        marginals, _ = self.solve(sites)
+        lam1_old, lam2_old = self._stacked(sites)
+        old_elbo = self.expected_log_likelihood(marginals) - gs.kl_from_sites(
+            marginals, lam1_old, lam2_old
+        )
+        means, variances = self._split(marginals.mean), self._split(marginals.var)
+        target = {}
+        for t in self.terms:
+            m, v = means[t.factor], variances[t.factor]
+            gm, gv = jax.grad(lambda mm, vv, t=t: _gh_expectation(t, mm, vv), argnums=(0, 1))(m, v)
+            lam2 = jnp.minimum(gv, 0.0)
+            lam1 = gm - 2.0 * lam2 * m
+            old1, old2 = sites[t.factor]
+            ok = jnp.isfinite(lam1) & jnp.isfinite(lam2)
+            target[t.factor] = (jnp.where(ok, lam1, old1), jnp.where(ok, lam2, old2))
+
+        def mix(b):
+            return {
+                f: (
+                    (1.0 - b) * sites[f][0] + b * target[f][0],
+                    (1.0 - b) * sites[f][1] + b * target[f][1],
+                )
+                for f in sites
+            }
+
+        slack = 1e-10 * (1.0 + jnp.abs(old_elbo))
+
+        def bad(b):
+            value = self.elbo(mix(b))
+            return ~jnp.isfinite(value) | (value < old_elbo - slack)
+
+        def cond(carry):
+            b, k = carry
+            return (k < 12) & bad(b)
+
+        b, k = jax.lax.while_loop(
+            cond, lambda c: (0.5 * c[0], c[1] + 1), (jnp.asarray(beta, old_elbo.dtype), 0)
+        )
+        b = jnp.where(bad(b), 0.0, b)
+        return mix(b)
+
+    def elbo(self, sites):
+        """E_q[log likelihood] - KL(q || prior) (the prior is the site's own density)."""
+        marginals, _ = self.solve(sites)
+        lam1, lam2 = self._stacked(sites)
+        return self.expected_log_likelihood(marginals) - gs.kl_from_sites(marginals, lam1, lam2)
+
+    # ------------------------------------------------------------ posterior
+    def posterior_moments(self, sites):
+        """Mean and marginal variance of x (the family layout of the site)."""
+        marginals, aux = self.solve(sites)
+        if self.solver == "markov":
+            return gs.markov_posterior(*aux)
+        m0, sd0, At = self.prior["m0"], self.prior["sd0"], self.prior["At"]
+        if self.solver == "weight-space":
+            mean_u, C = aux
+            inv_c = jax.scipy.linalg.solve_triangular(
+                C, jnp.eye(C.shape[0], dtype=C.dtype), lower=True
+            )
+            var_u = jnp.sum(inv_c * inv_c, axis=0)
+        else:
+            alpha, s, C = aux
+            mean_u = At.T @ alpha
+            var_u = gs.function_space_weights(At, s, C)
+        return m0 + sd0 * mean_u, sd0 * sd0 * var_u
+
+    def precision(self, sites):
+        """Dense posterior precision of x (small blocks only)."""
+        lam1, lam2 = self._stacked(sites)
+        W = -2.0 * lam2
+        if self.solver == "markov":
+            p = self.prior
+            (term,) = self.terms
+            q = jnp.diag(p["q_diag"]) + jnp.diag(p["q_off"][1:], -1) + jnp.diag(p["q_off"][1:], 1)
+            return q + jnp.diag(term.a * term.a * W)
+        A = jnp.concatenate([t.A for t in self.terms])
+        return jnp.diag(1.0 / self.prior["sd0"] ** 2) + A.T @ (W[:, None] * A)
+
+    def natural(self, sites):
+        """Natural parameters ``(P m, -P/2)`` of q on x (small blocks only)."""
+        mean, _ = self.posterior_moments(sites)
+        P = self.precision(sites)
+        P = 0.5 * (P + P.T)
+        return (P @ mean, -0.5 * P)
+
+    def sample_x(self, sites, key, num_samples):
+        """Draws of x from q without a D x D matrix."""
+        marginals, aux = self.solve(sites)
+        if self.solver == "markov":
+            return gs.markov_sample(key, aux[0], aux[1], num_samples)
+        m0, sd0, At = self.prior["m0"], self.prior["sd0"], self.prior["At"]
+        if self.solver == "weight-space":
+            mean_u, C = aux
+            e = jax.random.normal(key, (num_samples, C.shape[0]), C.dtype)
+            u = mean_u[None] + jax.scipy.linalg.solve_triangular(C.T, e.T, lower=False).T
+        else:
+            alpha, s, C = aux
+            u = gs.function_space_sample(key, At, alpha, s, C, num_samples)
+        return m0[None] + sd0[None] * u
+
+    def posterior(self, sites):
+        """q over the site's value: a MultivariateNormal when D is small, else a BlockPosterior."""
+        from .fit import _posterior
+
+        if self.dim <= _MAX_DENSE_POSTERIOR:
+            return _posterior(self.layout, self.natural(sites))
+        return BlockPosterior(self, sites, *self.site_moments(sites))
+
+    def site_moments(self, sites):
+        """Mean and marginal variance of the site's value (exact, no D x D matrix
+        unless the prior itself is a dense kernel, whose factor L is then used)."""
+        lay = self.layout
+        mean_x, var_x = self.posterior_moments(sites)
+        if lay.whitening is None:
+            return lay.to_site(mean_x), jnp.reshape(var_x, lay.shape)
+        # site = loc + L u with Cov_u = I - At^T s Bf^-1 s At (function space):
+        # Var = rowsum(L^2) - rowsum((L V^T)^2), V = C^-1 s At.
+        _, tril = lay.whitening
+        _, (alpha, s, C) = self.solve(sites)
+        V = jax.scipy.linalg.solve_triangular(C, s[:, None] * self.prior["At"], lower=True)
+        LV = tril @ V.T
+        var = jnp.sum(tril * tril, axis=1) - jnp.sum(LV * LV, axis=1)
+        return lay.to_site(mean_x), jnp.reshape(var, lay.shape)
+
+
+def _gh_expectation(term: _Term, mean, var):
+    var = jnp.maximum(var, 0.0)
+    eta = mean[None] + jnp.sqrt(var)[None] * jnp.asarray(_GH_NODES, mean.dtype)[:, None]
+    vals = jax.vmap(lambda e: term.rest(jnp.reshape(e, term.eta_shape)))(eta)
+    vals = jnp.reshape(vals, (vals.shape[0], -1))
+    return jnp.sum(jnp.tensordot(jnp.asarray(_GH_WEIGHTS, mean.dtype), vals, axes=1))
+
+
+class BlockPosterior(Distribution):
+    """q over a large Gaussian site, kept in structured form.
+
+    ``mean``, ``variance`` and ``sample`` are exact and cost O(N D) (function
+    space) or O(T) (Markov); the D x D covariance is never formed, so
+    ``log_prob`` is not available: use :meth:`to_multivariate_normal` for small
+    problems.
+    """
+
+    arg_constraints = {}
+    support = constraints.real_vector
+    reparametrized_params = []
+
+    def __init__(self, block: GaussianBlock, sites, mean, var):
+        self._block, self._sites = block, sites
+        self._mean, self._var = mean, var
+        shape = block.layout.shape
+        super().__init__(batch_shape=(), event_shape=shape)
+
+    @property
+    def mean(self):
+        return self._mean
+
+    @property
+    def variance(self):
+        return self._var
+
+    def sample(self, key, sample_shape=()):
+        n = int(np.prod(sample_shape)) if sample_shape else 1
+        x = self._block.sample_x(self._sites, key, n)
+        site = self._block.layout.to_site(x)
+        return jnp.reshape(site, tuple(sample_shape) + self._block.layout.shape)
+
+    def log_prob(self, value):
+        raise NotImplementedError(
+            f"the posterior of {self._block.name!r} has D = {self._block.dim} dimensions and is "
+            "kept in structured form (no D x D matrix), so it has no log_prob; use its mean, "
+            "variance and sample()."
+        )
+
+
+# --------------------------------------------------------------- detection
+def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | None:
+    """A :class:`GaussianBlock` for ``node`` (a schedule NodePlan), or None."""
+    lay = node.layout
+    name = node.name
+    if (
+        lay.q_family != "MultivariateNormal"
+        or lay.transform is not None
+        or lay.plate_ndim != 0
+        or node.local
+    ):
+        return None
+    exact = [f for f, kind in node.incoming if kind == "exact"]
+    estimated = [f for f, kind in node.incoming if kind != "exact"]
+    if exact != [name] or not estimated:
+        return None
+    for fname in (name, *estimated):
+        fplan = factors[fname]
+        if fplan.latents != (name,) or fplan.subsampled:
+            return None
+        if fname != name and name not in fplan.linear_predictors:
+            return None
+    dim = lay.family_shape[-1]
+    values = {**example, **params}
+    dtype = jnp.result_type(float)
+    x0 = jnp.zeros((dim,), dtype)
+
+    def at(x):
+        return {**values, name: lay.to_site(x)}
+
+    prior_fn = factors[name].log_density
+
+    def log_prior(x):
+        return jnp.sum(prior_fn(at(x)))
+
+    grad = jax.grad(log_prior)
+
+    def prec_times(v):
+        return -jax.jvp(grad, (x0,), (v,))[1]
+
+    h = grad(x0)
+    probe = jax.random.normal(jax.random.PRNGKey(11), (dim,), dtype)
+    q_probe = prec_times(probe)
+    q_ones = prec_times(jnp.ones_like(x0))
+    rel = 1e-8 if dtype == jnp.float64 else 1e-4
+    tol = rel * (1.0 + jnp.max(jnp.abs(q_probe)))
+    diagonal = bool(jnp.all(jnp.abs(q_ones * probe - q_probe) <= tol)) and bool(jnp.all(q_ones > 0))
+    tridiagonal = None
+    if not diagonal and dim >= 3:
+        colours = jnp.arange(dim) % 3
+        cols = [prec_times((colours == c).astype(dtype)) for c in range(3)]
+        idx = jnp.arange(dim)
+        stacked = jnp.stack(cols)  # (3, D)
+        q_diag = stacked[idx % 3, idx]
+        q_off = jnp.where(idx > 0, stacked[(idx - 1) % 3, idx], 0.0)
+        q_up = jnp.concatenate([q_off[1:], jnp.zeros((1,), dtype)])
+        shifted_down = jnp.concatenate([jnp.zeros((1,), dtype), probe[:-1]])
+        shifted_up = jnp.concatenate([probe[1:], jnp.zeros((1,), dtype)])
+        recon = q_diag * probe + q_off * shifted_down + q_up * shifted_up
+        if bool(jnp.all(jnp.abs(recon - q_probe) <= tol)):
+            tridiagonal = (q_diag, q_off)
+    if not diagonal and tridiagonal is None:
+        return None
+
+    terms = []
+    for fname in estimated:
+        fplan = factors[fname]
+        lp = fplan.linear_predictors[name]
+
+        def eta_flat(x, lp=lp):
+            return jnp.reshape(lp.eta_fn(at(x)), (-1,))
+
+        b = eta_flat(x0)
+        eta_shape = tuple(jnp.shape(lp.eta_fn(at(x0))))
+
+        def rest(eta, lp=lp):
+            return lp.rest_fn(eta, values)
+
+        a = None
+        if b.shape[0] == dim:
+            a_try = jax.jvp(eta_flat, (x0,), (jnp.ones_like(x0),))[1]
+            lin = jax.jvp(eta_flat, (x0,), (probe,))[1]
+            if bool(jnp.all(jnp.abs(a_try * probe - lin) <= rel * (1 + jnp.max(jnp.abs(lin))))):
+                a = a_try
+        A = None
+        if b.shape[0] * dim <= _MAX_JACOBIAN:
+            A = jax.jacfwd(eta_flat)(x0)
+        if A is None and a is None:
+            return None
+        terms.append(_Term(fname, eta_shape, rest, A=A, a=a, b=b))
+
+    num_sites = sum(t.size for t in terms)
+    if len(terms) == 1 and terms[0].a is not None:
+        q_diag, q_off = tridiagonal if tridiagonal is not None else (q_ones, jnp.zeros_like(q_ones))
+        prior = {"q_diag": q_diag, "q_off": q_off, "h": h}
+        prior["factored"] = gs.markov_prior(q_diag, q_off, h)
+        return GaussianBlock(name, "markov", name, tuple(terms), lay, dim, prior)
+    if not diagonal or any(t.A is None for t in terms):
+        return None
+    sd0 = 1.0 / jnp.sqrt(q_ones)
+    m0 = h / q_ones
+    A = jnp.concatenate([t.A for t in terms])
+    b = jnp.concatenate([t.b for t in terms])
+    prior = {"m0": m0, "sd0": sd0, "At": A * sd0[None, :], "mf": A @ m0 + b}
+    solver = "function-space" if (lay.whitening is not None or num_sites < dim) else "weight-space"
+    return GaussianBlock(name, solver, name, tuple(terms), lay, dim, prior)
