@@ -250,9 +250,11 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
     }
 
     # ----------------------------------------------------------------- ELBO
-    def elbo(lam, key, fixed):
+    def elbo(lam, key, fixed, block_elbos=None):
         mus = {j: layouts[j].fam.natural_to_mean(lam[j]) for j in lam if j not in blocks}
-        total = sum(block.elbo(lam[j]) for j, block in blocks.items())
+        # A block's factors touch no other latent: its term is the one its update returned.
+        block_elbos = block_elbos or {j: block.elbo(lam[j]) for j, block in blocks.items()}
+        total = sum(block_elbos.values())
         for fplan in factors.values():
             if fplan.name in block_factors:
                 continue
@@ -296,11 +298,12 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         fixed = {**params, **indices}
         # Local nodes of subsampled plates: work on the sampled elements only.
         lam = {n: _gather(nodes[n], lam_n, indices) for n, lam_n in state.natural.items()}
+        block_elbos = {}
         for i in schedule.order:
             node = nodes[i]
             if i in blocks:
                 beta = schedule.step_size_at(state.iteration)
-                lam[i] = blocks[i].update(lam[i], beta)
+                lam[i], block_elbos[i] = blocks[i].update(lam[i], beta)
                 continue
             mus = {j: layouts[j].fam.natural_to_mean(lam[j]) for j in lam if j not in blocks}
             total = None
@@ -319,7 +322,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                 total = g if total is None else jax.tree_util.tree_map(jnp.add, total, g)
             beta = schedule.step_size_at(state.iteration, local=node.local)
             lam[i] = damped_update(layouts[i].fam, lam[i], total, beta)
-        value = elbo(lam, elbo_key, fixed)
+        value = elbo(lam, elbo_key, fixed, block_elbos)
         natural = {n: _scatter(nodes[n], state.natural[n], lam[n], indices) for n in state.natural}
         new_state = CVIState(natural, key, state.iteration + 1, state.constant_messages)
         return new_state, CVIInfo(value)

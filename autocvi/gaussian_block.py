@@ -147,7 +147,8 @@ class GaussianBlock:
         non-finite messages leave their site unchanged.
 
         Safeguard: the step is halved (up to 12 times) while it would lower the
-        ELBO or make it non-finite, and dropped if no halving helps. A full
+        ELBO or make it non-finite, and dropped if no halving helps. Returns
+        the new sites and the block's ELBO term at them. A full
         CVI step is a Newton step on each predictor, which from far away
         overshoots for exp-like likelihoods (a Poisson rate exp(eta) with counts
         in the thousands); the safeguard makes every step an ascent step.
@@ -179,19 +180,20 @@ class GaussianBlock:
 
         slack = 1e-10 * (1.0 + jnp.abs(old_elbo))
 
-        def bad(b):
-            value = self.elbo(mix(b))
+        def bad(value):
             return ~jnp.isfinite(value) | (value < old_elbo - slack)
 
-        def cond(carry):
-            b, k = carry
-            return (k < 12) & bad(b)
+        def halve(carry):
+            b, k, _ = carry
+            return 0.5 * b, k + 1, self.elbo(mix(0.5 * b))
 
-        b, k = jax.lax.while_loop(
-            cond, lambda c: (0.5 * c[0], c[1] + 1), (jnp.asarray(beta, old_elbo.dtype), 0)
+        b0 = jnp.asarray(beta, old_elbo.dtype)
+        b, _, value = jax.lax.while_loop(
+            lambda c: (c[1] < 12) & bad(c[2]), halve, (b0, 0, self.elbo(mix(b0)))
         )
-        b = jnp.where(bad(b), 0.0, b)
-        return mix(b)
+        accept = ~bad(value)
+        new = mix(jnp.where(accept, b, 0.0))
+        return new, jnp.where(accept, value, old_elbo)
 
     def elbo(self, sites):
         """E_q[log likelihood] - KL(q || prior) (the prior is the site's own density)."""

@@ -323,7 +323,12 @@ def autocvi_posterior(schedule, state) -> dict:
     """Site -> numpyro Distribution of q for a state of ``schedule`` (as FitResult.posterior)."""
     from autocvi.fit import _posterior
 
-    return {n: _posterior(node.layout, state.natural[n]) for n, node in schedule.nodes.items()}
+    return {
+        n: schedule.blocks[n].posterior(state.natural[n])
+        if n in schedule.blocks
+        else _posterior(node.layout, state.natural[n])
+        for n, node in schedule.nodes.items()
+    }
 
 
 def fit_summary(result) -> dict:
@@ -422,11 +427,13 @@ def first_hit(iters, values, target):
 
 
 def refine_first_hit(evaluate: Callable[[int], float], iters, values, target):
-    """Exact first iteration >= target: evaluate every iteration before the first grid hit.
+    """First iteration >= target, refined between the grid points around the first grid hit.
 
-    ``iters``/``values`` are a grid (sorted); the iterations between the last
-    grid point below and the first grid hit are evaluated one by one. Returns
-    the iteration and a dict of the extra evaluations.
+    ``iters``/``values`` are a grid (sorted). Between the last grid point below
+    and the first grid hit, at most 40 evenly spaced iterations are evaluated,
+    then every iteration before the first of those that hits (so the answer is
+    exact when the gap is at most 40 steps, and within gap/40 steps otherwise).
+    Returns the iteration and a dict of the extra evaluations.
     """
     hit = first_hit(iters, values, target)
     if hit is None:
@@ -434,11 +441,22 @@ def refine_first_hit(evaluate: Callable[[int], float], iters, values, target):
     k = list(iters).index(hit)
     lo = iters[k - 1] if k > 0 else 0
     extra = {}
-    for it in range(lo + 1, hit):
-        extra[it] = evaluate(it)
-        if np.isfinite(extra[it]) and extra[it] >= target:
-            return it, extra
-    return hit, extra
+    stride = max(1, (hit - lo) // 40)
+
+    def scan(points):
+        for it in points:
+            extra[it] = evaluate(it)
+            if np.isfinite(extra[it]) and extra[it] >= target:
+                return it
+        return None
+
+    coarse = scan(range(lo + stride, hit, stride)) if stride > 1 else None
+    if stride > 1:
+        upper = coarse if coarse is not None else hit
+        fine = scan(range(max(lo + 1, upper - stride + 1), upper))
+        return (fine or upper), extra
+    found = scan(range(lo + 1, hit))
+    return (found or hit), extra
 
 
 # -------------------------------------------------------------------- output
