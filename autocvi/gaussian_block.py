@@ -122,7 +122,7 @@ class GaussianBlock:
         At, mf = self.prior["At"], self.prior["mf"]
         if self.solver == "weight-space":
             return gs.weight_space(At, mf, lam1, lam2)
-        return gs.function_space(At, mf, lam1, lam2)
+        return gs.function_space(At, mf, lam1, lam2, self.prior.get("K"))
 
     def _split(self, x):
         out, start = {}, 0
@@ -348,10 +348,16 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
         fplan = factors[fname]
         if fplan.latents != (name,) or fplan.subsampled:
             return None
-        if fname != name and name not in fplan.linear_predictors:
-            return None
     dim = lay.family_shape[-1]
     values = {**example, **params}
+    predictors = {}
+    for fname in estimated:
+        lp = factors[fname].linear_predictors.get(name)
+        if lp is None:
+            lp = _elementwise_predictor(factors[fname].log_density, values, name, lay)
+        if lp is None:
+            return None
+        predictors[fname] = lp
     dtype = jnp.result_type(float)
     x0 = jnp.zeros((dim,), dtype)
 
@@ -370,10 +376,17 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
 
     h = grad(x0)
     probe = jax.random.normal(jax.random.PRNGKey(11), (dim,), dtype)
-    q_probe = prec_times(probe)
-    q_ones = prec_times(jnp.ones_like(x0))
     rel = 1e-8 if dtype == jnp.float64 else 1e-4
-    tol = rel * (1.0 + jnp.max(jnp.abs(q_probe)))
+    if lay.whitening is not None:
+        # The site's own MultivariateNormal prior on the whitened variable:
+        # N(0, I) exactly, whatever the conditioning of K (not read numerically,
+        # which float32 could not do for an ill-conditioned kernel).
+        q_ones, q_probe, h = jnp.ones_like(x0), probe, jnp.zeros_like(x0)
+        tol = jnp.asarray(1.0, dtype)
+    else:
+        q_probe = prec_times(probe)
+        q_ones = prec_times(jnp.ones_like(x0))
+        tol = rel * (1.0 + jnp.max(jnp.abs(q_probe)))
     diagonal = bool(jnp.all(jnp.abs(q_ones * probe - q_probe) <= tol)) and bool(jnp.all(q_ones > 0))
     tridiagonal = None
     if not diagonal and dim >= 3:
@@ -394,8 +407,7 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
 
     terms = []
     for fname in estimated:
-        fplan = factors[fname]
-        lp = fplan.linear_predictors[name]
+        lp = predictors[fname]
 
         def eta_flat(x, lp=lp):
             return jnp.reshape(lp.eta_fn(at(x)), (-1,))
@@ -434,3 +446,47 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
     prior = {"m0": m0, "sd0": sd0, "At": A * sd0[None, :], "mf": A @ m0 + b}
     solver = "function-space" if (lay.whitening is not None or num_sites < dim) else "weight-space"
     return GaussianBlock(name, solver, name, tuple(terms), lay, dim, prior)
+
+
+def _elementwise_predictor(log_density, values, name, lay):
+    """The site's own value as the predictor, when output element t reads element t only.
+
+    A factor the jaxpr split cannot see through (e.g. a likelihood on the
+    stacked output of a ``scan``) still qualifies when its log density has one
+    output per element of the site and its Jacobian w.r.t. the site is
+    diagonal; this is checked with random probes at two random points.
+    Returns a LinearPredictor with ``eta = site value`` or None.
+    """
+    from .linear_predictor import LinearPredictor
+
+    shape = lay.shape
+
+    def per_output(z):
+        return jnp.reshape(log_density({**values, name: z}), (-1,))
+
+    z0 = jnp.asarray(values[name])
+    try:
+        out = jax.eval_shape(per_output, z0)
+    except Exception:  # noqa: BLE001 - not evaluable on its own: no predictor
+        return None
+    if out.shape[0] != int(np.prod(shape)):
+        return None
+    keys = jax.random.split(jax.random.PRNGKey(23), 4)
+    for k_point, k_probe in (keys[:2], keys[2:]):
+        z = z0 + 0.1 * jax.random.normal(k_point, shape, z0.dtype)
+        probe = jax.random.normal(k_probe, shape, z0.dtype)
+        diag = jax.jvp(per_output, (z,), (jnp.ones_like(z),))[1]
+        lin = jax.jvp(per_output, (z,), (probe,))[1]
+        scale = 1e-6 * (1.0 + jnp.max(jnp.abs(lin)))
+        if not bool(jnp.all(jnp.abs(diag * jnp.reshape(probe, (-1,)) - lin) <= scale)):
+            return None
+        if not bool(jnp.all(jnp.isfinite(lin))):
+            return None
+
+    def eta_fn(v):
+        return jnp.reshape(v[name], (-1,))
+
+    def rest_fn(eta, v):
+        return jnp.reshape(log_density({**v, name: jnp.reshape(eta, shape)}), (-1,))
+
+    return LinearPredictor(eta_fn, rest_fn)

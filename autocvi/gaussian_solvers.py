@@ -79,19 +79,20 @@ def weight_space(At, mf, lam1, lam2):
     return SiteMarginals(mf + At @ mean_u, jnp.sum(V * V, axis=0), log_z), (mean_u, C)
 
 
-def function_space(At, mf, lam1, lam2):
+def function_space(At, mf, lam1, lam2, K=None):
     """Sites on ``eta = mf + At u`` solved with an N x N Cholesky (Woodbury form).
 
     ``K = At At^T`` is the prior covariance of ``eta``. With ``s = W^1/2`` and
     ``Bf = I + s K s`` (well conditioned for any kernel; R&W Alg. 3.2),
     ``alpha = rho - s Bf^-1 s K rho`` with ``rho = lam1 - W mf`` gives
     ``E[eta] = mf + K alpha`` and ``E[u] = At^T alpha`` (KL-prox Eq. 19).
+    ``K`` may be passed precomputed (it does not change between steps).
     Returns the marginals and ``(alpha, s, chol_Bf)`` for posterior draws.
     """
     W = jnp.maximum(-2.0 * lam2, 0.0)
     s = jnp.sqrt(W)
     n = At.shape[0]
-    K = At @ At.T
+    K = At @ At.T if K is None else K
     Bf = jnp.eye(n, dtype=At.dtype) + s[:, None] * K * s[None, :]
     C = jnp.linalg.cholesky(Bf)
     rho = lam1 - W * mf

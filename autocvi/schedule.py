@@ -291,6 +291,11 @@ def build_schedule(
             block = find_block(node, factors, example, params)
             if block is not None:
                 blocks[name] = block
+                # Every likelihood term of a block gets Gauss-Hermite site messages.
+                incoming = tuple(
+                    (f, "gauss-hermite" if k == "monte-carlo" else k) for f, k in node.incoming
+                )
+                nodes[name] = NodePlan(node.name, node.layout, incoming, node.subsample_axes)
     # Predictors too large for the dense Gauss-Hermite message: Monte Carlo instead.
     for fname, latent in oversize:
         if latent not in blocks:

@@ -171,3 +171,61 @@ def test_random_walk_of_length_100000_is_recovered_and_calibrated():
     z = (q.mean - x) / jnp.sqrt(q.variance)
     # Coverage of the truth: standardised errors have unit scale.
     assert 0.8 < float(jnp.sqrt(jnp.mean(z**2))) < 1.25
+
+
+def ar1_scan(T, y=None):
+    """An AR(1) prior written as a user writes a state-space model: a scan."""
+    from numpyro.contrib.control_flow import scan
+
+    def transition(x_prev, _):
+        x = numpyro.sample("x", dist.Normal(0.8 * x_prev, 0.3))
+        return x, x
+
+    _, xs = scan(transition, 0.0, jnp.arange(T))
+    with numpyro.plate("t", T):
+        numpyro.sample("y", dist.Poisson(jnp.exp(1.0 + xs)), obs=y)
+
+
+def ar1_dense(T, y=None):
+    """The same prior as one MultivariateNormal with its tridiagonal precision."""
+    q_diag = jnp.full((T,), (1 + 0.8**2) / 0.09).at[-1].set(1 / 0.09)
+    Q = jnp.diag(q_diag) + jnp.diag(jnp.full((T - 1,), -0.8 / 0.09), 1)
+    Q = Q + jnp.diag(jnp.full((T - 1,), -0.8 / 0.09), -1)
+    x = numpyro.sample("x", dist.MultivariateNormal(jnp.zeros(T), precision_matrix=Q))
+    with numpyro.plate("t", T):
+        numpyro.sample("y", dist.Poisson(jnp.exp(1.0 + x)), obs=y)
+
+
+def test_ar1_scan_is_a_markov_block_with_the_dense_posterior():
+    T = 60
+    y = jax.random.poisson(jax.random.PRNGKey(5), 3.0, (T,)).astype(jnp.float64)
+    data = {"T": T, "y": y}
+    schedule = autocvi.plan(ar1_scan, data)
+    assert schedule.blocks["x"].solver == "markov"
+    # the scan's likelihood has no jaxpr split, yet gets Gauss-Hermite sites
+    assert dict(schedule.nodes["x"].incoming)["y"] == "gauss-hermite"
+    state, elbo = _run(build_schedule(autocvi.trace(ar1_scan, data), step_size=1.0), 60)
+    q = schedule.blocks["x"].posterior(state.natural["x"])
+    dense = build_schedule(autocvi.trace(ar1_dense, data), gaussian_blocks=False, step_size=1.0)
+    state_d, elbo_d = _run(dense, 60)
+    qd = _posterior(dense.nodes["x"].layout, state_d.natural["x"])
+    np.testing.assert_allclose(q.mean, qd.mean, rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(q.covariance_matrix, qd.covariance_matrix, rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(elbo, elbo_d, rtol=1e-10)
+
+
+def test_sunspots_random_walk_equals_dense_engine():
+    sm = pytest.importorskip("statsmodels.api")
+    counts = np.round(sm.datasets.sunspots.load_pandas().data["SUNACTIVITY"].to_numpy())
+
+    def sunspots(T, y=None):
+        x = numpyro.sample("x", dist.GaussianRandomWalk(0.3, num_steps=T))
+        with numpyro.plate("year", T):
+            numpyro.sample("y", dist.Poisson(jnp.exp(3.0 + x)), obs=y)
+
+    data = {"T": counts.size, "y": jnp.asarray(counts)}
+    (m_b, c_b, e_b, sched), (m_d, c_d, e_d, _) = _fixed_point(sunspots, data, steps=80)
+    assert sched.blocks["x"].solver == "markov"
+    np.testing.assert_allclose(m_b, m_d, rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(c_b, c_d, rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(e_b, e_d, rtol=1e-10)
