@@ -302,7 +302,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         for i in schedule.order:
             node = nodes[i]
             if i in blocks:
-                beta = schedule.step_size_at(state.iteration)
+                beta = schedule.block_step_size
                 lam[i], block_elbos[i] = blocks[i].update(lam[i], beta)
                 continue
             mus = {j: layouts[j].fam.natural_to_mean(lam[j]) for j in lam if j not in blocks}

@@ -83,6 +83,9 @@ class Schedule:
     # Gaussian nodes kept as prior + sites, with the solver chosen from structure
     # (autocvi.gaussian_block): node name -> GaussianBlock.
     blocks: dict = field(default_factory=dict, repr=False)
+    # Step size of the blocks' site updates (each is safeguarded by an ELBO line
+    # search, so a full step is the default).
+    block_step_size: float = 1.0
     # Global nodes of a subsampled model use beta_t = step_size * (1 + t)^-decay
     # (Robbins-Monro, as stochastic VI, Hoffman et al. 2013); local nodes use step_size.
     step_size_decay: float = 0.0
@@ -139,6 +142,11 @@ class Schedule:
                 " (all messages exact: this is VMP)"
                 if self.all_exact
                 else " (damped: some messages are estimated)"
+            )
+            + (
+                f"; Gaussian blocks: beta = {self.block_step_size:g}, halved by an ELBO line search"
+                if self.blocks
+                else ""
             ),
             f"  message kinds: {', '.join(kinds)}; Monte Carlo draws per estimate: {self.num_samples}",
             "  subsampled plates (factors scaled by N/B): " + (", ".join(sub) if sub else "none"),
@@ -312,6 +320,7 @@ def build_schedule(
     graph = graph.with_edges(edges)
     schedule = Schedule(graph, nodes, factors, order, 1.0, num_samples, params, blocks=blocks)
     schedule.step_size = _default_step_size(schedule) if step_size is None else step_size
+    schedule.block_step_size = 1.0 if step_size is None else step_size
     if any(f.subsampled for f in factors.values()):
         schedule.step_size_decay = 0.6 if step_size_decay is None else step_size_decay
     elif step_size_decay is not None:

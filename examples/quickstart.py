@@ -27,6 +27,7 @@ EXAMPLES = [
     ("poisson_gamma_factorization", "poisson_gamma"),
     ("gamma_factor_model", "gamma_factor_model"),
     ("gp_classification", "gp_classifier"),
+    ("poisson_random_walk", "random_walk_poisson"),
 ]
 
 
