@@ -1,4 +1,7 @@
-"""Run benchmarks: ``python -m benchmarks [name ...] [--quick]``.
+"""Run benchmarks: ``python -m benchmarks [name[:part] ...] [--quick]``.
+
+``part`` selects one data set of a benchmark with several (e.g.
+``gp_classification:digits35``).
 
 With no names every benchmark runs. ``--quick`` shrinks step counts and Monte
 Carlo sizes for a smoke test (results are then not representative, and are
@@ -11,7 +14,12 @@ import importlib
 import sys
 import time
 
-BENCHMARKS = ("logistic_regression", "gaussian_mixture")
+BENCHMARKS = (
+    "conjugacy_table",
+    "logistic_regression",
+    "gp_classification",
+    "gaussian_mixture",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,14 +31,15 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         print("available:", ", ".join(BENCHMARKS))
         return 0
-    unknown = [n for n in names if n not in BENCHMARKS]
+    unknown = [n for n in names if n.split(":")[0] not in BENCHMARKS]
     if unknown:
         print(f"unknown benchmark(s): {', '.join(unknown)}; available: {', '.join(BENCHMARKS)}")
         return 2
     for name in names:
+        name, _, part = name.partition(":")
         module = importlib.import_module(f"benchmarks.{name}")
         t0 = time.perf_counter()
-        module.main(flags)
+        module.main(flags + ([part] if part else []))
         print(f"[{name}] done in {time.perf_counter() - t0:.1f} s")
     return 0
 
