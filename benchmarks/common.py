@@ -396,14 +396,38 @@ def run_svi(
         "svi_run_losses_match": same,
     }
     if record_params:
-
-        def body_p(state, _):
-            state, loss = svi.update(state, **data)
-            return state, svi.get_params(state)
-
-        _, params = jax.jit(lambda s: jax.lax.scan(body_p, s, None, length=num_steps))(state0)
-        out["param_trace"] = params  # pytree with leading axis num_steps (after step t+1)
+        out["params_at"] = _svi_checkpoints(svi, data, state0, num_steps)
     return out
+
+
+def _svi_checkpoints(svi, data, state0, num_steps: int, every: int = 200):
+    """``params_at(t)``: the guide's parameters after ``t`` SVI steps (t >= 1).
+
+    Keeps the SVI state every ``every`` steps (a whole trace of a D x D
+    guide would not fit in memory for GPs) and replays the remaining steps
+    from the last checkpoint; SVI is deterministic given its state, so this
+    is the same trajectory as the timed run.
+    """
+
+    def advance(state, n):
+        return jax.lax.fori_loop(0, n, lambda _, st: svi.update(st, **data)[0], state)
+
+    num_ckpt = num_steps // every
+
+    def body(state, _):
+        state = advance(state, every)
+        return state, state
+
+    _, ckpts = jax.jit(lambda s: jax.lax.scan(body, s, None, length=num_ckpt))(state0)
+    advance_jit = jax.jit(advance)
+
+    def params_at(t: int):
+        k = min((t // every), num_ckpt)
+        start = state0 if k == 0 else tree_index(ckpts, k - 1)
+        state = advance_jit(start, jnp.asarray(t - k * every, jnp.int32))
+        return svi.get_params(state)
+
+    return params_at
 
 
 def tree_index(tree, i):

@@ -358,10 +358,7 @@ def run(quick: bool = False) -> dict:
         guide = AutoNormal(handlers.block(enum_model, hide=["z"]))
         svi = SVI(enum_model, guide, Adam(lr), TraceEnum_ELBO(max_plate_nesting=1))
         r = common.run_svi(svi, data, n_svi, rng_key=settings["svi_rng_key"])
-        scores = [
-            est(common.guide_q(guide, common.tree_index(r["param_trace"], t - 1), data))
-            for t in grid_svi
-        ]
+        scores = [est(common.guide_q(guide, r["params_at"](t), data)) for t in grid_svi]
         neg_loss = -r["losses"]
         runs[label] = {
             "kind": "svi",

@@ -118,10 +118,10 @@ def run(spec: dict, quick: bool = False) -> dict:
         guide = make_guide(model)
         svi = SVI(model, guide, Adam(lr), Trace_ELBO())
         r = common.run_svi(svi, data, n_svi, rng_key=settings["svi_rng_key"])
-        ptrace = r["param_trace"]
+        params_at = r["params_at"]
 
-        def evaluate(t, guide=guide, ptrace=ptrace):
-            q = guide.get_posterior(common.tree_index(ptrace, t - 1))
+        def evaluate(t, guide=guide, params_at=params_at):
+            q = guide.get_posterior(params_at(t))
             return estimator(common.independent_q({site: q}))
 
         # step 0 = the initial guide
