@@ -36,7 +36,7 @@ def run(spec: dict, quick: bool = False) -> dict:
     if quick:
         settings.update(
             autocvi_num_steps=20,
-            autocvi_mc_num_steps=30,
+            autocvi_mc_num_steps=30 if settings.get("autocvi_mc_num_steps") else 0,
             svi_num_steps=2000,
             svi_grid_points=40,
             estimator_num_samples=min(8192, settings["estimator_num_samples"]),
