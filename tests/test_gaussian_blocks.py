@@ -91,8 +91,10 @@ def _fixed_point(model, data, steps):
     [
         (logistic, _logistic_data(60, 8), "weight-space"),
         (logistic, _logistic_data(20, 50), "function-space"),
-        (random_walk_poisson, _random_walk_data(80)[0], "markov"),
-        (gp_classifier, _gp_data(), "function-space"),
+        pytest.param(
+            random_walk_poisson, _random_walk_data(80)[0], "markov", marks=pytest.mark.slow
+        ),
+        pytest.param(gp_classifier, _gp_data(), "function-space", marks=pytest.mark.slow),
     ],
     ids=["logistic-D<N", "logistic-D>N", "random-walk", "gp-with-test-points"],
 )
@@ -196,6 +198,7 @@ def ar1_dense(T, y=None):
         numpyro.sample("y", dist.Poisson(jnp.exp(1.0 + x)), obs=y)
 
 
+@pytest.mark.slow
 def test_ar1_scan_is_a_markov_block_with_the_dense_posterior():
     T = 60
     y = jax.random.poisson(jax.random.PRNGKey(5), 3.0, (T,)).astype(jnp.float64)
@@ -214,6 +217,7 @@ def test_ar1_scan_is_a_markov_block_with_the_dense_posterior():
     np.testing.assert_allclose(elbo, elbo_d, rtol=1e-10)
 
 
+@pytest.mark.slow
 def test_sunspots_random_walk_equals_dense_engine():
     sm = pytest.importorskip("statsmodels.api")
     counts = np.round(sm.datasets.sunspots.load_pandas().data["SUNACTIVITY"].to_numpy())
