@@ -23,8 +23,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from .expectations import GH_NODES as _GH_NODES
+from .expectations import GH_WEIGHTS as _GH_WEIGHTS
 from .expectations import PointSet, expect, moment_point_set, point_mass
 from .schedule import FactorPlan, Schedule, _reference_natural
 
@@ -328,12 +329,6 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         return new_state, CVIInfo(value)
 
     return CVIAlgorithm(init, step)
-
-
-# Probabilists' Gauss-Hermite rule: E_{N(0,1)}[g] ~= sum_q w_q g(x_q).
-_GH_ORDER = 32
-_GH_NODES, _GH_WEIGHTS = (np.asarray(a) for a in np.polynomial.hermite_e.hermegauss(_GH_ORDER))
-_GH_WEIGHTS = _GH_WEIGHTS / np.sqrt(2.0 * np.pi)
 
 
 def _local_message_scale(node, fplan) -> float:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .layout import LatentLayout
 
@@ -141,3 +142,10 @@ def expect(log_density: Callable, point_sets: dict[str, PointSet], fixed: dict) 
         w = point_sets[names[k]].weights
         values = jnp.sum(values * w, axis=k)
     return jnp.sum(values)
+
+
+# Probabilists' Gauss-Hermite rule, E_{N(0,1)}[g] ~= sum_q w_q g(x_q), shared by
+# the engine's per-edge messages and the Gaussian blocks' site messages.
+GH_ORDER = 32
+GH_NODES, GH_WEIGHTS = (np.asarray(a) for a in np.polynomial.hermite_e.hermegauss(GH_ORDER))
+GH_WEIGHTS = GH_WEIGHTS / np.sqrt(2.0 * np.pi)

@@ -38,6 +38,8 @@ import numpy as np
 from numpyro.distributions import Distribution, constraints
 
 from . import gaussian_solvers as gs
+from .expectations import GH_NODES as _GH_NODES
+from .expectations import GH_WEIGHTS as _GH_WEIGHTS
 
 __all__ = ["GaussianBlock", "find_block", "BlockPosterior"]
 
@@ -46,9 +48,6 @@ _MAX_JACOBIAN = 50_000_000
 # Blocks up to this dimension report a numpyro MultivariateNormal posterior;
 # larger ones a BlockPosterior (mean, variance, draws; no D x D matrix).
 _MAX_DENSE_POSTERIOR = 1000
-# Probabilists' Gauss-Hermite rule (as the engine's), E_{N(0,1)}[g] ~= sum w g(x).
-_GH_NODES, _GH_WEIGHTS = (np.asarray(a) for a in np.polynomial.hermite_e.hermegauss(32))
-_GH_WEIGHTS = _GH_WEIGHTS / np.sqrt(2.0 * np.pi)
 
 
 @dataclass(frozen=True)

@@ -535,6 +535,15 @@ def md_table(header, rows) -> str:
     return "\n".join(lines)
 
 
+def timing_cells(m: dict) -> tuple[str, str, str]:
+    """ "ms / iter" (with the host-synced per-step time in brackets when recorded),
+    compile s and setup s of one method's record."""
+    per_iter = fmt(m["per_iter_time"] * 1e3, ".3g")
+    if "per_iter_time_host_sync" in m:
+        per_iter += f" ({m['per_iter_time_host_sync'] * 1e3:.3g})"
+    return per_iter, fmt(m["compile_time"], ".2f"), fmt(m["setup_time"], ".2f")
+
+
 def fmt(x, spec=".3g", none="—"):
     if x is None or (isinstance(x, float) and not np.isfinite(x)):
         return none

@@ -450,14 +450,7 @@ def _markdown(p) -> str:
                 f(m["final_meanfield"], ".3f"),
                 f"{m['final_collapsed']:.3f} ± {m['collapsed_se']:.3f}",
                 f(float(m["native"][-1]), ".3f"),
-                f(m["per_iter_time"] * 1e3, ".3g")
-                + (
-                    f" ({m['per_iter_time_host_sync'] * 1e3:.3g})"
-                    if "per_iter_time_host_sync" in m
-                    else ""
-                ),
-                f(m["compile_time"], ".2f"),
-                f(m["setup_time"], ".2f"),
+                *common.timing_cells(m),
             )
         )
     table = common.md_table(

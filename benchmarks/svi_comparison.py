@@ -276,14 +276,7 @@ def _markdown(p) -> str:
                 f(h2["loop_time"], ".3g"),
                 f"{m['final_elbo_hp']:.3f} ± {m['elbo_hp_se'][-1]:.3f}",
                 f(m["final_gap"], ".3f"),
-                f(m["per_iter_time"] * 1e3, ".3g")
-                + (
-                    f" ({m['per_iter_time_host_sync'] * 1e3:.3g})"
-                    if "per_iter_time_host_sync" in m
-                    else ""
-                ),
-                f(m["compile_time"], ".2f"),
-                f(m["setup_time"], ".2f"),
+                *common.timing_cells(m),
             )
         )
     table = common.md_table(
