@@ -18,6 +18,7 @@ BENCHMARKS = (
     "conjugacy_table",
     "logistic_regression",
     "gp_classification",
+    "gp_hyperparameters",
     "gaussian_mixture",
 )
 
