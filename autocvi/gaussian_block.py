@@ -448,6 +448,9 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
     b = jnp.concatenate([t.b for t in terms])
     prior = {"m0": m0, "sd0": sd0, "At": A * sd0[None, :], "mf": A @ m0 + b}
     solver = "function-space" if (lay.whitening is not None or num_sites < dim) else "weight-space"
+    if solver == "function-space":
+        # The predictors' prior covariance, formed once (every solve needs it).
+        prior["K"] = prior["At"] @ prior["At"].T
     return GaussianBlock(name, solver, name, tuple(terms), lay, dim, prior)
 
 

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import common
-from .gp_classification import JITTER, model
+from .gp_classification import JITTER, log_loss_bits, model
 
 GRID = np.linspace(-1.0, 6.0, 15)
 PUBLISHED = {  # KL-prox Table 3: mean (standard error) over 10 splits
@@ -81,17 +81,6 @@ def kernel_stack(d2, log_ls, log_sds):
     ls2 = jnp.exp(2 * log_ls)[:, None, None]
     sd2 = jnp.exp(2 * log_sds)[:, None, None]
     return sd2 * jnp.exp(-0.5 * d2[None] / ls2)
-
-
-def log_loss_bits(mean, var, y):
-    """Mean test log-loss in bits of p(y*=1) = E[sigmoid(f*)], f* ~ N(mean, var)."""
-    from autocvi.expectations import GH_NODES, GH_WEIGHTS
-
-    f = mean[:, None] + jnp.sqrt(jnp.maximum(var, 0.0))[:, None] * GH_NODES[None, :]
-    # log E[sigmoid(f)] and log E[sigmoid(-f)], stably
-    log_p1 = jax.scipy.special.logsumexp(jax.nn.log_sigmoid(f), b=GH_WEIGHTS[None, :], axis=1)
-    log_p0 = jax.scipy.special.logsumexp(jax.nn.log_sigmoid(-f), b=GH_WEIGHTS[None, :], axis=1)
-    return -jnp.mean(jnp.where(y > 0, log_p1, log_p0)) / jnp.log(2.0)
 
 
 def plan_block(K, y):

@@ -31,6 +31,7 @@ def _has_quadrature_switch() -> bool:
 def run(spec: dict, quick: bool = False) -> dict:
     """Run one comparison. ``spec``: name, title, model, data, settings, guides
     (label -> guide constructor taking the model), site (the latent's name)."""
+    T0 = time.perf_counter()
     NAME, model, data, site = spec["name"], spec["model"], spec["data"], spec["site"]
     settings = dict(spec["settings"])
     if quick:
@@ -49,32 +50,64 @@ def run(spec: dict, quick: bool = False) -> dict:
     # ------------------------------------------------------------ autocvi runs
     import autocvi
 
-    variants = [("autocvi", None, settings["autocvi_num_steps"])]
+    test_label, test_metric = spec.get("test_metric", (None, None))
+
+    def score(q):
+        """(ELBO, its MC se, test metric or None) of a posterior dict."""
+        v, se = estimator(common.independent_q(q))
+        return v, se, None if test_metric is None else float(test_metric(q))
+
+    variants = [
+        dict(label="autocvi", model=model, data=data, num_steps=settings["autocvi_num_steps"])
+    ]
     if _has_quadrature_switch() and settings.get("autocvi_mc_num_steps"):
-        variants.append(("autocvi-mc", False, settings["autocvi_mc_num_steps"]))
-    for label, quad, n in variants:
-        print(f"[{NAME}] {label}: {n} iterations")
+        variants.append(
+            dict(
+                label="autocvi-mc",
+                model=model,
+                data=data,
+                num_steps=settings["autocvi_mc_num_steps"],
+                use_quadrature=False,
+            )
+        )
+    variants += spec.get("autocvi_variants", [])
+    for var in variants:
+        label, n = var["label"], var["num_steps"]
+        print(f"[{NAME}] {label}: {n} iterations ({time.perf_counter() - T0:.0f} s)")
         r = common.run_autocvi(
-            model,
-            data,
+            var["model"],
+            var["data"],
             n,
             rng_key=settings["autocvi_rng_key"],
             num_samples=settings["autocvi_num_samples"],
-            use_quadrature=quad,
+            use_quadrature=var.get("use_quadrature"),
+            repeats=settings.get("autocvi_repeats", 3),
+            host_sync_loop=settings.get("autocvi_host_sync_loop", True),
         )
         kinds = sorted({k for node in r["schedule"].nodes.values() for _, k in node.incoming})
-        hp, se = [], []
-        for state in r["states"]:  # state 0 = initialisation
-            q = common.autocvi_posterior(r["schedule"], state)
-            v, s = estimator(common.independent_q(q))
-            hp.append(v)
-            se.append(s)
+        # Score every iteration up to ``autocvi_score_every_until``, then a log grid.
+        until = settings.get("autocvi_score_every_until", n)
+        scored = sorted(
+            set(range(0, min(n, until) + 1))
+            | {0, n}
+            | set(common.log_grid(n, settings.get("autocvi_score_points", 40), dense=0))
+        )
+        scores = [score(common.autocvi_posterior(r["schedule"], r["states"][i])) for i in scored]
+        passes = var.get("passes_per_iteration", 1.0)
+        sub = r["schedule"].factors
+        subsampled = sorted(
+            {f"{p.name}[{p.subsample_size}/{p.size}]" for f in sub.values() for p in f.subsampled}
+        )
         methods[label] = {
             "kind": "autocvi",
-            "setting": f"messages: {', '.join(kinds)}; beta={r['schedule'].step_size:g}",
-            "iters": list(range(0, n + 1)),
-            "elbo_hp": hp,
-            "elbo_hp_se": se,
+            "setting": f"messages: {', '.join(kinds)}; beta={r['schedule'].step_size:g}"
+            + (f"; subsampled {', '.join(subsampled)}" if subsampled else "")
+            + (f"; {var['note']}" if var.get("note") else ""),
+            "iters": scored,
+            "passes": [i * passes for i in scored],
+            "elbo_hp": [v for v, _, _ in scores],
+            "elbo_hp_se": [se for _, se, _ in scores],
+            "test_metric": [t for _, _, t in scores],
             "elbo_engine": r["elbo"],
             "iter_times": r["iter_times"],
             "cum_time": np.concatenate([[0.0], np.cumsum(r["iter_times"])]),
@@ -82,12 +115,13 @@ def run(spec: dict, quick: bool = False) -> dict:
             "compile_time": r["compile_time"],
             "scan_compile_time": r["scan_compile_time"],
             "per_iter_time": float(np.median(r["iter_times"])),
-            "per_iter_time_host_sync": float(np.median(r["iter_times_host_sync"])),
             "scan_elbo_matches_step_loop": r["scan_elbo_matches_step_loop"],
             "schedule": str(r["schedule"]),
         }
+        if r["iter_times_host_sync"] is not None:
+            methods[label]["per_iter_time_host_sync"] = float(np.median(r["iter_times_host_sync"]))
 
-    print(f"[{NAME}] autocvi.fit with defaults")
+    print(f"[{NAME}] autocvi.fit with defaults ({time.perf_counter() - T0:.0f} s)")
     t0 = time.perf_counter()
     res = autocvi.fit(model, data, rng_key=settings["autocvi_rng_key"], progress_bar=False)
     fit_total = time.perf_counter() - t0
@@ -114,10 +148,17 @@ def run(spec: dict, quick: bool = False) -> dict:
         (g, lr) for g in spec["guides"].items() for lr in settings["svi_learning_rates"]
     ]:
         label = f"svi-{guide_label}-adam-{lr:g}"
-        print(f"[{NAME}] {label}: {n_svi} steps")
+        print(f"[{NAME}] {label}: {n_svi} steps ({time.perf_counter() - T0:.0f} s)")
         guide = make_guide(model)
         svi = SVI(model, guide, Adam(lr), Trace_ELBO())
-        r = common.run_svi(svi, data, n_svi, rng_key=settings["svi_rng_key"])
+        r = common.run_svi(
+            svi,
+            data,
+            n_svi,
+            rng_key=settings["svi_rng_key"],
+            repeats=settings.get("svi_repeats", 3),
+            check_run=settings.get("svi_check_run", True),
+        )
         params_at = r["params_at"]
 
         def evaluate(t, guide=guide, params_at=params_at):
@@ -126,15 +167,17 @@ def run(spec: dict, quick: bool = False) -> dict:
 
         # step 0 = the initial guide
         p0 = svi.get_params(svi.init(jax.random.PRNGKey(settings["svi_rng_key"]), **data))
-        hp0 = estimator(common.independent_q({site: guide.get_posterior(p0)}))
-        vals = [evaluate(t) for t in grid]
+        vals = [score({site: guide.get_posterior(p0)})]
+        vals += [score({site: guide.get_posterior(params_at(t))}) for t in grid]
         methods[label] = {
             "kind": "svi",
             "setting": f"{type(guide).__name__}, Adam lr={lr:g}, Trace_ELBO",
             "learning_rate": lr,
             "iters": [0] + grid,
-            "elbo_hp": [hp0[0]] + [v for v, _ in vals],
-            "elbo_hp_se": [hp0[1]] + [s for _, s in vals],
+            "passes": [0] + grid,
+            "elbo_hp": [v for v, _, _ in vals],
+            "elbo_hp_se": [se for _, se, _ in vals],
+            "test_metric": [t for _, _, t in vals],
             "neg_loss": -r["losses"],
             "setup_time": r["setup_time"],
             "compile_time": r["compile_time"],
@@ -146,6 +189,7 @@ def run(spec: dict, quick: bool = False) -> dict:
             "_evaluate": evaluate,
         }
 
+    print(f"[{NAME}] thresholds ({time.perf_counter() - T0:.0f} s)")
     # ------------------------------------------------------ reference, thresholds
     finals = {k: m["elbo_hp"][-1] for k, m in methods.items()}
     finals["autocvi.fit (defaults)"] = fit_info["elbo_hp"]
@@ -183,6 +227,7 @@ def run(spec: dict, quick: bool = False) -> dict:
         "final_elbo_by_method": finals,
         "autocvi_fit_defaults": fit_info,
         "methods": methods,
+        "test_metric_label": test_label,
     }
     payload["summary"] = _summary(payload)
     payload["title"] = spec["title"]
@@ -278,6 +323,7 @@ def _markdown(p) -> str:
                 f(m["final_gap"], ".3f"),
                 *common.timing_cells(m),
             )
+            + ((f(m["test_metric"][-1], ".4f"),) if p.get("test_metric_label") else ())
         )
     table = common.md_table(
         (
@@ -292,7 +338,8 @@ def _markdown(p) -> str:
             "ms / iter",
             "compile s",
             "setup s",
-        ),
+        )
+        + ((f"final {p['test_metric_label']}",) if p.get("test_metric_label") else ()),
         rows,
     )
     srows = []
@@ -360,7 +407,7 @@ in the "ms / iter" column, autocvi's time for one jitted step with a host sync (
 Python loop sees it). SVI thresholds are the
 first step whose posterior is within the threshold (checked on a log grid of
 {st["svi_grid_points"]} steps, then refined between the two grid points around the first hit: at most 40 evenly spaced steps, then step by step).
-{mc_note}
+{mc_note}{_variants_note(p)}
 ## Ratios: autocvi vs the best SVI setting
 
 {ratios}
@@ -379,9 +426,30 @@ including compilation, {fi["total_call_time"]:.2f} s for the whole call.
 """
 
 
+def _variants_note(p) -> str:
+    st = p["settings"]
+    lines = []
+    if st.get("autocvi_score_every_until") is not None:
+        lines.append(
+            f"autocvi's posteriors are scored after every iteration up to "
+            f"{st['autocvi_score_every_until']}, then on a log grid; its thresholds are the first "
+            "scored iteration within them."
+        )
+    extra = [k for k in p["methods"] if k.startswith("autocvi-") and k != "autocvi-mc"]
+    for k in extra:
+        lines.append(f"`{k}`: {p['methods'][k]['setting']}.")
+    if p.get("test_metric_label"):
+        lines.append(
+            f"Test metric: {p['test_metric_label']} ({p['settings'].get('test_metric_definition', '')})."
+        )
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
 def _plot(plt, p):
     methods, ref = p["methods"], p["reference_elbo"]
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+    has_test = bool(p.get("test_metric_label"))
+    ncols = 4 if has_test else 3
+    fig, axes = plt.subplots(1, ncols, figsize=(5.7 * ncols, 4.8))
     for label, m in methods.items():
         it = np.asarray(m["iters"], float)
         gap = np.maximum(ref - np.asarray(m["elbo_hp"], float), 1e-3)
@@ -389,9 +457,11 @@ def _plot(plt, p):
             t = it / p["settings"]["svi_num_steps"] * m["loop_time"]
             style = "-"
         else:
-            t = np.asarray(m["cum_time"])
+            t = np.asarray(m["cum_time"])[np.asarray(m["iters"], int)]
             style = "-o"
-        x = np.maximum(it, 0.8)
+        x = np.maximum(np.asarray(m.get("passes", it), float), 0.05)
+        if has_test:
+            axes[3].plot(x, np.asarray(m["test_metric"], float), style, ms=3, label=label)
         axes[0].plot(x, gap, style, ms=3, label=label)
         axes[1].plot(np.maximum(t, 1e-5), gap, style, ms=3, label=label)
         if m["kind"] == "svi":
@@ -413,7 +483,20 @@ def _plot(plt, p):
         ax.axhline(1.0, color="k", lw=0.6, ls="--")
         ax.axhline(0.1, color="k", lw=0.6, ls=":")
         ax.set_ylabel("ELBO* - ELBO(q)  [nats, common estimator; floor 1e-3]")
-    axes[0].set_xlabel("iteration")
+    axes[0].set_xlabel("passes through the data (= iterations for full-batch methods)")
+    if has_test:
+        axes[3].set_xscale("log")
+        axes[3].set_xlabel("passes through the data")
+        axes[3].set_ylabel(p["test_metric_label"])
+        finite = [
+            v
+            for m in methods.values()
+            for v in m["test_metric"]
+            if v is not None and np.isfinite(v)
+        ]
+        if finite:
+            lo = min(finite)
+            axes[3].set_ylim(lo - 0.02, lo + 0.5)
     axes[1].set_xlabel("wall-clock s (loop, compile excluded)")
     axes[0].legend(fontsize=8)
     axes[2].set_xscale("log")
