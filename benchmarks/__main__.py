@@ -20,6 +20,8 @@ BENCHMARKS = (
     "gp_classification",
     "gp_hyperparameters",
     "gaussian_mixture",
+    "factor_models",
+    "report",  # last: docs/benchmarks.md from the results above
 )
 
 
