@@ -11,6 +11,7 @@ still written to ``benchmarks/results/``).
 from __future__ import annotations
 
 import importlib
+import subprocess
 import sys
 import time
 
@@ -38,12 +39,22 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown benchmark(s): {', '.join(unknown)}; available: {', '.join(BENCHMARKS)}")
         return 2
-    for name in names:
-        name, _, part = name.partition(":")
-        module = importlib.import_module(f"benchmarks.{name}")
-        t0 = time.perf_counter()
-        module.main(flags + ([part] if part else []))
-        print(f"[{name}] done in {time.perf_counter() - t0:.1f} s")
+    if len(names) > 1:
+        # One process per benchmark: each sets its own JAX configuration (float64
+        # for the GPs), which must not leak into the next one's timings or dtypes.
+        t_all = time.perf_counter()
+        for name in names:
+            code = subprocess.call([sys.executable, "-m", "benchmarks", name, *flags])
+            if code:
+                print(f"[{name}] failed with exit code {code}")
+                return code
+        print(f"[all] {len(names)} benchmarks done in {time.perf_counter() - t_all:.1f} s")
+        return 0
+    name, _, part = names[0].partition(":")
+    module = importlib.import_module(f"benchmarks.{name}")
+    t0 = time.perf_counter()
+    module.main(flags + ([part] if part else []))
+    print(f"[{name}] done in {time.perf_counter() - t0:.1f} s")
     return 0
 
 
