@@ -148,7 +148,7 @@ DEFAULT_DATASETS = ("ionosphere", "sonar")
 # add the minibatch variant (the data sets the issue names).
 PER_DATASET = {
     "ionosphere": {"autocvi_num_steps": 30, "minibatch": True, "guides": ("mvn", "lowrank")},
-    "sonar": {"autocvi_num_steps": 100, "minibatch": True, "guides": ("mvn",)},
+    "sonar": {"autocvi_num_steps": 300, "minibatch": True, "guides": ("mvn",)},
     "digits35": {"autocvi_num_steps": 30, "minibatch": False, "guides": ("mvn",)},
 }
 GUIDES = {"mvn": AutoMultivariateNormal, "lowrank": AutoLowRankMultivariateNormal}

@@ -83,7 +83,7 @@ SECTIONS = [
         "GP classification: sonar",
         "The same at sonar's published hyperparameters (log l, log sigma) = (-1, 6): a nearly "
         "diagonal kernel with variance e^12, where every method predicts close to 0.5 on the "
-        "test set and autocvi's line-searched steps need about a hundred iterations.",
+        "test set and autocvi's line-searched steps need a few hundred iterations.",
         "gp_classification_sonar",
         ["Ratios", "All methods"],
         True,
