@@ -2,13 +2,24 @@
 
 graph = autocvi.trace(model, data)   # the factor graph autocvi sees
 result = autocvi.fit(model, data)    # run CVI
+
+Layers (each imports only from the ones before it; ``tests/test_layers.py``):
+``families`` -> ``model`` -> ``analysis`` -> ``blocks`` -> ``plan`` -> ``engine`` -> ``infer``.
 """
 
+from .analysis import trace
 from .engine import CVIInfo, CVIState, cvi
-from .fit import FitResult, fit
-from .graph import EdgeInfo, FactorGraph, FactorNode, ParamNode, PlateInfo, VariableNode
-from .schedule import Schedule, plan
-from .tracing import ModelError, trace
+from .infer import FitResult, fit
+from .model import (
+    EdgeInfo,
+    FactorGraph,
+    FactorNode,
+    ModelError,
+    ParamNode,
+    PlateInfo,
+    VariableNode,
+)
+from .plan import Schedule, plan
 
 __all__ = [
     "trace",

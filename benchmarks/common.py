@@ -41,7 +41,6 @@ from numpyro.infer.util import log_density
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
-SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
 # --------------------------------------------------------------------------- info
@@ -245,7 +244,7 @@ def run_autocvi(
     ``setup_time``, ``compile_time``.
     """
     import autocvi
-    from autocvi.schedule import build_schedule
+    from autocvi.plan.schedule import build_schedule
 
     if isinstance(rng_key, int):
         rng_key = jax.random.PRNGKey(rng_key)
@@ -341,7 +340,7 @@ def autocvi_loop(step, state, num_steps: int, keep_states: bool = True):
 
 def autocvi_posterior(schedule, state) -> dict:
     """Site -> numpyro Distribution of q for a state of ``schedule`` (as FitResult.posterior)."""
-    from autocvi.fit import _posterior
+    from autocvi.analysis.layout import site_posterior as _posterior
 
     return {
         n: schedule.blocks[n].posterior(state.natural[n])

@@ -40,7 +40,7 @@ def _density(site_fn, values, verdict) -> str:
 
 
 def render() -> str:
-    from autocvi.conjugacy import classify_edge
+    from autocvi.analysis.conjugacy import classify_edge
 
     conjugate, non_conjugate = _test_matrix()
     rows_c, rows_n = [], []

@@ -279,7 +279,7 @@ def run_autocvi(model, data, st, step_size=None) -> dict:
     ``common.run_autocvi`` would triple the cost of the benchmark.
     """
     import autocvi
-    from autocvi.schedule import build_schedule
+    from autocvi.plan.schedule import build_schedule
 
     key = jax.random.PRNGKey(st["autocvi_rng_key"])
     t0 = time.perf_counter()

@@ -34,7 +34,9 @@ import numpyro
 import numpyro.distributions as dist
 from numpyro.infer.autoguide import AutoLowRankMultivariateNormal, AutoMultivariateNormal
 
-from . import common, svi_comparison
+from autocvi import datasets as autocvi_datasets
+
+from . import svi_comparison
 
 JITTER = 1e-5
 
@@ -67,7 +69,7 @@ def cross_kernel(Xa, Xb, log_lengthscale, log_sd):
 def log_loss_bits(mean, var, y):
     """Mean test log-loss in bits of p(y*=1) = E[sigmoid(f*)], f* ~ N(mean, var),
     by 32-node Gauss-Hermite."""
-    from autocvi.expectations import GH_NODES, GH_WEIGHTS
+    from autocvi.analysis.expectations import GH_NODES, GH_WEIGHTS
 
     f = mean[:, None] + jnp.sqrt(jnp.maximum(var, 0.0))[:, None] * GH_NODES[None, :]
     log_p1 = jax.scipy.special.logsumexp(jax.nn.log_sigmoid(f), b=GH_WEIGHTS[None, :], axis=1)
@@ -99,7 +101,7 @@ def _with_test(Xtr, ytr, Xte, yte, log_l, log_sd):
 
 
 def load_shipped(name, log_l, log_sd):
-    d = np.load(common.SHARED_DATA / f"{name}.npz")
+    d = autocvi_datasets.load(name)
     X, Xte = (jnp.asarray(d[k], jnp.float64) for k in ("X", "X_te"))
     y, yte = (jnp.asarray((np.ravel(d[k]) > 0).astype(np.float64)) for k in ("y", "y_te"))
     return _with_test(X, y, Xte, yte, log_l, log_sd)

@@ -37,6 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from autocvi import datasets as autocvi_datasets
+
 from . import common
 from .gp_classification import JITTER, log_loss_bits, model
 
@@ -66,7 +68,7 @@ SETTINGS = {
 
 def load(name: str):
     """All points of the data set (the shipped train and test parts joined), y in {0, 1}."""
-    d = np.load(common.SHARED_DATA / f"{name}.npz")
+    d = autocvi_datasets.load(name)
     X = np.concatenate([d["X"], d["X_te"]]).astype(np.float64)
     y = (np.concatenate([np.ravel(d["y"]), np.ravel(d["y_te"])]) > 0).astype(np.float64)
     return X, y
@@ -86,7 +88,7 @@ def kernel_stack(d2, log_ls, log_sds):
 def plan_block(K, y):
     """autocvi's plan for the model at one kernel (public trace + schedule)."""
     import autocvi
-    from autocvi.schedule import build_schedule
+    from autocvi.plan.schedule import build_schedule
 
     schedule = build_schedule(autocvi.trace(model, {"K": K, "y": y}))
     block = schedule.blocks.get("f")

@@ -54,6 +54,8 @@ from numpyro.infer.autoguide import (
 from numpyro.infer.initialization import init_to_mean
 from numpyro.optim import Adam
 
+from autocvi import datasets as autocvi_datasets
+
 from . import common, svi_comparison
 
 NAME = "logistic_regression"
@@ -97,7 +99,7 @@ model.__doc__ = "y_n ~ Bernoulli(sigmoid(x_n^T w)), w ~ N(0, I) (intercept is a 
 
 
 def load_arrays():
-    raw = np.load(common.SHARED_DATA / "breast_cancer_scale.npz")
+    raw = autocvi_datasets.load("breast_cancer_scale")
     X = np.asarray(raw["X"], np.float32)
     y = ((np.asarray(raw["y"]).ravel() - 2.0) / 2.0).astype(np.float32)
     X = np.concatenate([X, np.ones((X.shape[0], 1), np.float32)], axis=1)
@@ -127,7 +129,7 @@ def _block_parts(block, sites):
 
 def predictor_moments(q, X):
     """Mean and variance of ``eta = X @ w`` under q (float64 numpy, shape (n,))."""
-    from autocvi.gaussian_block import BlockPosterior
+    from autocvi.blocks.gaussian_block import BlockPosterior
 
     X = jnp.asarray(X)
     if isinstance(q, BlockPosterior):
@@ -198,7 +200,7 @@ def elbo_by_quadrature(q, X, y, prior_var: float, mean_w, var_w, logdet_cov) -> 
 
 def gaussian_summary(q):
     """(mean, marginal variances, log det covariance) of a Gaussian q over w (float64)."""
-    from autocvi.gaussian_block import BlockPosterior
+    from autocvi.blocks.gaussian_block import BlockPosterior
 
     f = lambda x: np.asarray(x, np.float64)  # noqa: E731
     if isinstance(q, BlockPosterior):
@@ -271,7 +273,7 @@ class GaussianDraws:
         return self._cache[(kd, n)]
 
     def __call__(self, q, site="w"):
-        from autocvi.gaussian_block import BlockPosterior
+        from autocvi.blocks.gaussian_block import BlockPosterior
 
         if isinstance(q, BlockPosterior):
             block = q._block
@@ -355,8 +357,8 @@ def autocvi_fit_timed(model_fn, data, *, use_quadrature=True, rng_key=0, repeats
     (identical runs), keeping the fastest.
     """
     import autocvi
-    from autocvi.fit import _WINDOW, _chunk_runner
-    from autocvi.schedule import build_schedule
+    from autocvi.infer.fit import _WINDOW, _chunk_runner
+    from autocvi.plan.schedule import build_schedule
 
     key = jax.random.PRNGKey(rng_key) if isinstance(rng_key, int) else rng_key
     t0 = time.perf_counter()

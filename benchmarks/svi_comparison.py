@@ -23,7 +23,7 @@ from . import common
 
 
 def _has_quadrature_switch() -> bool:
-    from autocvi.schedule import build_schedule
+    from autocvi.plan.schedule import build_schedule
 
     return "use_quadrature" in inspect.signature(build_schedule).parameters
 

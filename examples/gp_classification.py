@@ -9,8 +9,6 @@ the GP predictive (KL-proximal paper Eq. 20), read from ``result.posterior``.
     python examples/gp_classification.py
 """
 
-from pathlib import Path
-
 import jax.numpy as jnp
 import numpy as np
 import numpyro
@@ -18,8 +16,6 @@ import numpyro.distributions as dist
 
 import autocvi
 
-DATA_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
-DATA = DATA_DIR / "ionosphere.npz"
 # Data sets with a shipped train/test split (X, y, X_te, y_te; labels in {-1, 1}) and
 # the PG-SVI paper's kernel hyperparameters (log lengthscale, log signal sd) for each.
 HYPERPARAMETERS = {"ionosphere": (1.0, 2.5), "sonar": (-1.0, 6.0)}
@@ -63,7 +59,7 @@ def load(name: str = "ionosphere"):
     """
     if name not in HYPERPARAMETERS:
         raise ValueError(f"unknown data set {name!r}; one of {sorted(HYPERPARAMETERS)}")
-    d = np.load(DATA_DIR / f"{name}.npz")
+    d = autocvi.datasets.load(name)
     to01 = lambda v: (np.ravel(v) > 0).astype(np.float32)  # noqa: E731 - labels in {-1, 1}
     return (
         {

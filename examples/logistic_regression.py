@@ -6,14 +6,11 @@
 The likelihood is not conjugate to the Gaussian prior; autocvi sees the
 weights only through the logits ``X @ w`` and sends Gauss-Hermite messages
 through them (CVI App. B.1), so every CVI step is a Bayesian linear
-regression with pseudo-observations (CVI App. E.1). Reads
-``../shared/data/breast_cancer_scale.npz`` and falls back to scikit-learn's
-breast-cancer data (first 10 features, standardised) when it is absent.
+regression with pseudo-observations (CVI App. E.1). The data are bundled:
+``autocvi.datasets.load("breast_cancer_scale")``.
 
     python examples/logistic_regression.py
 """
-
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -22,8 +19,6 @@ import numpyro
 import numpyro.distributions as dist
 
 import autocvi
-
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "breast_cancer_scale.npz"
 
 
 def logistic_regression(X, y=None):
@@ -34,19 +29,10 @@ def logistic_regression(X, y=None):
 
 
 def load_data():
-    if DATA.exists():
-        raw = np.load(DATA)
-        X = np.asarray(raw["X"], np.float32)
-        y = (np.asarray(raw["y"]).ravel() - 2.0) / 2.0  # labels {2, 4} -> {0, 1}
-        source = f"{DATA.name} (LIBSVM breast-cancer, scaled to [-1, 1])"
-    else:
-        from sklearn.datasets import load_breast_cancer
-
-        raw = load_breast_cancer()
-        X = raw.data[:, :10]
-        X = (X - X.mean(0)) / X.std(0)
-        y = raw.target
-        source = "scikit-learn load_breast_cancer (fallback: first 10 features, standardised)"
+    raw = autocvi.datasets.load("breast_cancer_scale")
+    X = np.asarray(raw["X"], np.float32)
+    y = (np.asarray(raw["y"]).ravel() - 2.0) / 2.0  # labels {2, 4} -> {0, 1}
+    source = "breast_cancer_scale (LIBSVM breast-cancer, scaled to [-1, 1]; bundled)"
     X = np.concatenate([X, np.ones((X.shape[0], 1))], axis=1)  # intercept column
     data = {"X": jnp.asarray(X, jnp.float32), "y": jnp.asarray(y, jnp.float32)}
     return data, source

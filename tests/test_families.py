@@ -7,20 +7,17 @@ against them.
 """
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from scipy import special as sps
+from scipy import stats
 
-jax.config.update("jax_enable_x64", True)
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import numpyro.distributions as dist  # noqa: E402
-import pytest  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from hypothesis.extra import numpy as hnp  # noqa: E402
-from scipy import special as sps  # noqa: E402
-from scipy import stats  # noqa: E402
-
-from autocvi.families import (  # noqa: E402
+from autocvi.families import (
     FAMILIES,
     Bernoulli,
     Beta,
@@ -32,6 +29,8 @@ from autocvi.families import (  # noqa: E402
     family_for_distribution,
     natural_from_prior,
 )
+
+pytestmark = pytest.mark.float64
 
 SETTINGS = settings(max_examples=25, deadline=None)
 NAMES = list(FAMILIES)

@@ -6,31 +6,24 @@ updates of PRML 10.2 for diagonal precisions), closed-form moments for
 ``result.sample``, and NumPyro's own ``Predictive``. Nothing here compares autocvi with itself except
 the determinism and resumption tests, whose claim is exactly that.
 
-NOTE: this module enables ``jax_enable_x64`` at import. The flag is global to
-the pytest process, so every test module collected with this one runs in x64
-(``tests/test_linear_predictor.py`` does the same).
+Runs in float64 (the ``float64`` marker; ``tests/conftest.py`` decides precision).
 """
 
-from pathlib import Path
-
 import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import Predictive
+from scipy.special import betaln, gammaln
+from scipy.stats import multivariate_normal
 
-jax.config.update("jax_enable_x64", True)
+from autocvi.datasets import load as load_dataset
+from autocvi.infer.fit import fit
+from autocvi.plan.schedule import plan
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import numpyro  # noqa: E402
-import numpyro.distributions as dist  # noqa: E402
-import pytest  # noqa: E402
-from numpyro.infer import Predictive  # noqa: E402
-from scipy.special import betaln, gammaln  # noqa: E402
-from scipy.stats import multivariate_normal  # noqa: E402
-
-from autocvi.fit import fit  # noqa: E402
-from autocvi.schedule import plan  # noqa: E402
-
-# The papers' datasets live in ../shared/data relative to the project root.
-DATA = str(Path(__file__).resolve().parents[1].parent / "shared" / "data")
+pytestmark = pytest.mark.float64
 
 
 def one_step(model, data, **kw):
@@ -139,10 +132,14 @@ def test_dirichlet_categorical_closed_form():
 
 
 # Bayesian linear regression with known noise on standardized Boston housing.
-_housing = np.load(f"{DATA}/housing.npz")
-X_HOUSING = (_housing["X"] - _housing["X"].mean(0)) / _housing["X"].std(0)
-Y_HOUSING = _housing["y"].ravel()
-Y_HOUSING = (Y_HOUSING - Y_HOUSING.mean()) / Y_HOUSING.std()
+def housing():
+    """Standardised Boston housing (506 x 13) from the bundled data."""
+    d = load_dataset("housing")
+    X = (d["X"] - d["X"].mean(0)) / d["X"].std(0)
+    y = d["y"].ravel()
+    return X, (y - y.mean()) / y.std()
+
+
 SIGMA_BLR, PRIOR_SD_BLR = 0.5, 2.0
 
 
@@ -154,11 +151,12 @@ def blr(X, y=None):
 
 @pytest.fixture(scope="module")
 def blr_fit():
-    return one_step(blr, dict(X=X_HOUSING, y=Y_HOUSING))
+    X, y = housing()
+    return one_step(blr, dict(X=X, y=y))
 
 
 def blr_closed_form():
-    X, y = X_HOUSING, Y_HOUSING
+    X, y = housing()
     prec = np.eye(X.shape[1]) / PRIOR_SD_BLR**2 + X.T @ X / SIGMA_BLR**2
     cov = np.linalg.inv(prec)
     return cov @ X.T @ y / SIGMA_BLR**2, cov
@@ -167,10 +165,10 @@ def blr_closed_form():
 def test_linear_regression_closed_form(blr_fit):
     mean, cov = blr_closed_form()
     q = blr_fit.posterior["w"]
-    assert q.event_shape == (X_HOUSING.shape[1],)
+    assert q.event_shape == (13,)
     np.testing.assert_allclose(q.mean, mean, rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(q.covariance_matrix, cov, rtol=1e-6, atol=1e-10)
-    X, y = X_HOUSING, Y_HOUSING
+    X, y = housing()
     marginal = PRIOR_SD_BLR**2 * X @ X.T + SIGMA_BLR**2 * np.eye(X.shape[0])
     log_z = multivariate_normal(np.zeros(X.shape[0]), marginal).logpdf(y)
     np.testing.assert_allclose(blr_fit.elbo[-1], log_z, rtol=1e-6)
@@ -180,7 +178,7 @@ def test_sample_moments(blr_fit):
     n = 4000
     draws = blr_fit.sample(jax.random.PRNGKey(1), n)
     assert set(draws) == {"w"}
-    assert draws["w"].shape == (n, X_HOUSING.shape[1])
+    assert draws["w"].shape == (n, 13)
     mean, cov = blr_closed_form()
     se = np.sqrt(np.diag(cov) / n)
     assert np.all(np.abs(np.mean(draws["w"], 0) - mean) < 5 * se)
@@ -226,7 +224,7 @@ def test_sample_shapes_and_predictive(group_fit, ng_fit, blr_fit):
     for r, shapes in [
         (group_fit, {"b": (n, G_GROUPS)}),
         (ng_fit, {"mu": (n,), "tau": (n,)}),
-        (blr_fit, {"w": (n, X_HOUSING.shape[1])}),
+        (blr_fit, {"w": (n, 13)}),
     ]:
         draws = r.sample(key, n)
         assert {k: tuple(v.shape) for k, v in draws.items()} == shapes

@@ -6,30 +6,24 @@ steps) for the ELBO. Both ELBOs are estimated the same way: many draws of q,
 ``numpyro.infer.util.log_density`` of the model minus ``q.log_prob``.
 
 Run with ``pytest -m slow tests/test_fit_slow.py -s`` to see the measured
-numbers. This module enables ``jax_enable_x64`` at import (global to the
-pytest process, like tests/test_fit.py).
+numbers. Runs in float64 (``tests/conftest.py`` decides precision).
 """
 
-from pathlib import Path
-
 import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.infer import MCMC, NUTS, SVI, Trace_ELBO
+from numpyro.infer.autoguide import AutoMultivariateNormal
+from numpyro.infer.util import log_density
 
-jax.config.update("jax_enable_x64", True)
+from autocvi.datasets import load as load_dataset
+from autocvi.infer.fit import fit
+from autocvi.plan.schedule import plan
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import numpyro  # noqa: E402
-import numpyro.distributions as dist  # noqa: E402
-import pytest  # noqa: E402
-from numpyro.infer import MCMC, NUTS, SVI, Trace_ELBO  # noqa: E402
-from numpyro.infer.autoguide import AutoMultivariateNormal  # noqa: E402
-from numpyro.infer.util import log_density  # noqa: E402
-
-from autocvi.fit import fit  # noqa: E402
-from autocvi.schedule import plan  # noqa: E402
-
-# The papers' datasets live in ../shared/data relative to the project root.
-DATA = str(Path(__file__).resolve().parents[1].parent / "shared" / "data")
+pytestmark = pytest.mark.float64
 
 
 def nuts_samples(model, data, seed=0):
@@ -60,7 +54,7 @@ def message_kinds(model, data):
 # Bayesian logistic regression, breast cancer (CVI paper Table 3 setting)
 # --------------------------------------------------------------------------
 
-_bc = np.load(f"{DATA}/breast_cancer_scale.npz")
+_bc = load_dataset("breast_cancer_scale")
 X_BC = np.hstack([_bc["X"], np.ones((_bc["X"].shape[0], 1))])
 Y_BC = (_bc["y"].ravel() - 2.0) / 2.0
 BC_DATA = dict(X=X_BC, y=Y_BC)

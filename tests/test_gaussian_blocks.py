@@ -14,11 +14,11 @@ import numpyro.distributions as dist
 import pytest
 
 import autocvi
-from autocvi.engine import cvi
-from autocvi.fit import _posterior
-from autocvi.schedule import build_schedule
+from autocvi.analysis.layout import site_posterior as _posterior
+from autocvi.engine.step import cvi
+from autocvi.plan.schedule import build_schedule
 
-jax.config.update("jax_enable_x64", True)
+pytestmark = pytest.mark.float64
 
 
 def logistic(X, y=None):
@@ -121,7 +121,7 @@ def test_wide_logistic_regression_keeps_no_d_by_d_matrix():
     assert biggest <= 62 * 2000
     assert result.converged
     q = result.posterior["w"]
-    assert isinstance(q, autocvi.gaussian_block.BlockPosterior)
+    assert isinstance(q, autocvi.blocks.BlockPosterior)
     draws = q.sample(jax.random.PRNGKey(0), (4000,))
     assert draws.shape == (4000, 2000)
     # Draws agree with the exact mean and variance the solver reports.

@@ -29,6 +29,7 @@ from numpyro.diagnostics import summary
 from numpyro.infer import MCMC, NUTS
 
 import autocvi
+from autocvi.datasets import load as load_dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from gp_classification import (  # noqa: E402
@@ -39,9 +40,8 @@ from gp_classification import (  # noqa: E402
     squared_exponential,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.float64]
 
-DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 JITTER = 1e-5  # times sigma^2 on the kernel's diagonal, as in gp_classifier
 
 
@@ -222,7 +222,7 @@ def gp_laplace_regression(X, X_test, y=None, log_lengthscale=2.0, log_sd=1.0, sc
 def load_housing(num_train=200, num_test=100):
     """Housing (506 x 13, no shipped split): a random 200/100 subset (seed 0);
     inputs and targets standardised with the training part's mean and sd."""
-    d = np.load(DATA_DIR / "housing.npz")
+    d = load_dataset("housing")
     X, y = d["X"].astype(np.float64), np.ravel(d["y"]).astype(np.float64)
     order = np.random.default_rng(0).permutation(len(y))
     train, test = order[:num_train], order[num_train : num_train + num_test]

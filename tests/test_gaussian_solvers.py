@@ -5,9 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from autocvi import gaussian_solvers as gs
+from autocvi.blocks import solvers as gs
 
-jax.config.update("jax_enable_x64", True)
+pytestmark = pytest.mark.float64
 
 
 def _sites(key, n, zero_some=False):

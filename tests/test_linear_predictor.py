@@ -9,16 +9,15 @@ and for independence of ``rest_fn`` from the target.
 import functools
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
 
-jax.config.update("jax_enable_x64", True)
+from autocvi.analysis.linear_predictor import LinearPredictor, find_linear_predictor
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import numpyro  # noqa: E402
-import numpyro.distributions as dist  # noqa: E402
-import pytest  # noqa: E402
-
-from autocvi.linear_predictor import LinearPredictor, find_linear_predictor  # noqa: E402
+pytestmark = pytest.mark.float64
 
 N, D = 7, 3
 RNG = np.random.RandomState(0)

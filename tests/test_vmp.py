@@ -9,7 +9,7 @@ import pytest
 from jax.scipy.special import digamma
 
 import autocvi
-from autocvi.vmp import expected_log_factor, vmp_message
+from autocvi.engine.vmp import expected_log_factor, vmp_message
 
 MU0, LAMBDA0, A0, B0 = 0.3, 0.5, 2.0, 1.5
 
@@ -21,11 +21,13 @@ def normal_gamma(x):
         numpyro.sample("x", dist.Normal(mu, 1.0 / jnp.sqrt(tau)), obs=x)
 
 
+pytestmark = pytest.mark.float64
+
+
 @pytest.fixture(scope="module")
 def x64():
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)
+    """Kept for the tests' signatures: precision is set by the marker (conftest.py)."""
+    return None
 
 
 def test_one_vmp_sweep_equals_bishop_10_26_to_10_30(x64):

@@ -37,9 +37,11 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.distributions import Distribution, constraints
 
-from . import gaussian_solvers as gs
-from .expectations import GH_NODES as _GH_NODES
-from .expectations import GH_WEIGHTS as _GH_WEIGHTS
+from ..analysis.expectations import GH_NODES as _GH_NODES
+from ..analysis.expectations import GH_WEIGHTS as _GH_WEIGHTS
+from ..analysis.layout import site_posterior
+from ..analysis.linear_predictor import LinearPredictor
+from . import solvers as gs
 
 __all__ = ["GaussianBlock", "find_block", "BlockPosterior"]
 
@@ -259,10 +261,9 @@ class GaussianBlock:
 
     def posterior(self, sites):
         """q over the site's value: a MultivariateNormal when D is small, else a BlockPosterior."""
-        from .fit import _posterior
 
         if self.dim <= _MAX_DENSE_POSTERIOR:
-            return _posterior(self.layout, self.natural(sites))
+            return site_posterior(self.layout, self.natural(sites))
         return BlockPosterior(self, sites, *self.site_moments(sites))
 
     def site_moments(self, sites):
@@ -463,7 +464,6 @@ def _elementwise_predictor(log_density, values, name, lay):
     diagonal; this is checked with random probes at two random points.
     Returns a LinearPredictor with ``eta = site value`` or None.
     """
-    from .linear_predictor import LinearPredictor
 
     shape = lay.shape
 

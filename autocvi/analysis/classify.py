@@ -9,10 +9,12 @@ the family chosen from that prior.
 
 from __future__ import annotations
 
-from .graph import EdgeInfo, FactorGraph
+from ..model.graph import EdgeInfo, FactorGraph
+from ..model.trace import trace_model
+from .conjugacy import classify_edge
 from .layout import LatentLayout, make_layout
 
-__all__ = ["classify_graph", "latent_layouts"]
+__all__ = ["classify_graph", "latent_layouts", "trace"]
 
 
 def latent_layouts(graph: FactorGraph) -> dict[str, LatentLayout]:
@@ -31,8 +33,6 @@ def latent_layouts(graph: FactorGraph) -> dict[str, LatentLayout]:
 
 def classify_graph(graph: FactorGraph) -> FactorGraph:
     """A copy of ``graph`` with families on latents and verdicts on every edge."""
-    from .conjugacy import classify_edge
-
     layouts = latent_layouts(graph)
     graph = graph.with_families({n: lay.family for n, lay in layouts.items()})
     values = graph.example_values
@@ -55,3 +55,23 @@ def classify_graph(graph: FactorGraph) -> FactorGraph:
                 statistics=tuple(verdict.statistics),
             )
     return graph.with_edges(edges)
+
+
+def trace(model, data=None, *, classify: bool = True, rng_key=0) -> FactorGraph:
+    """Trace ``model(**data)`` into the factor graph autocvi sees, classified.
+
+    Args:
+        model: a NumPyro model function.
+        data: keyword arguments for the model (the NumPyro idiom
+            ``def model(X, y=None)``), observations included.
+        classify: also decide every latent's variational family and every
+            factor-latent edge's conjugacy verdict (``autocvi.analysis.conjugacy``).
+        rng_key: seed for the one model run that draws example latent values
+            (and the indices of subsampled plates).
+
+    Returns:
+        a :class:`~autocvi.model.graph.FactorGraph`; see
+        :func:`autocvi.model.trace.trace_model` for what it holds and raises.
+    """
+    graph = trace_model(model, data, rng_key=rng_key)
+    return classify_graph(graph) if classify else graph

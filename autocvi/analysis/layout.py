@@ -22,11 +22,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from numpyro.distributions.transforms import biject_to
+from numpyro.distributions import MultivariateNormal, TransformedDistribution
+from numpyro.distributions.transforms import ReshapeTransform, biject_to
 
-from . import families
+from .. import families
 
-__all__ = ["LatentLayout", "GAUSSIAN_PRIORS", "make_layout"]
+__all__ = ["LatentLayout", "GAUSSIAN_PRIORS", "make_layout", "site_posterior"]
 
 # Priors whose density is Gaussian in the site's value.
 GAUSSIAN_PRIORS = frozenset(
@@ -155,10 +156,9 @@ def make_layout(
         constant_prior: the prior's parameters depend on no latent or param
             (then a MultivariateNormal prior is whitened).
     """
-    from .tracing import base_distribution
 
     shape = tuple(jnp.shape(value))
-    base = base_distribution(prior)
+    base = families.unwrap_distribution(prior)
     kind = type(base).__name__
     # Leading axes that are plates or size-1 broadcast axes: q factorises over them.
     plate_ndim = 0
@@ -216,3 +216,24 @@ def make_layout(
             transform,
         )
     return LatentLayout(name, "Unconstrained", "Normal", shape, plate_ndim, ushape, transform)
+
+
+def site_posterior(lay: LatentLayout, lam):
+    """q as a numpyro Distribution over the site's value."""
+    base = lay.fam.to_numpyro(lam)
+    if lay.whitening is not None:
+        loc, tril = lay.whitening
+        return MultivariateNormal(
+            loc + jnp.einsum("...ij,...j->...i", tril, base.loc),
+            scale_tril=jnp.einsum("...ij,...jk->...ik", tril, base.scale_tril),
+        )
+    if lay.q_family == "MultivariateNormal":
+        inner = lay._unconstrained_shape if lay.transform is not None else lay.shape
+        inner = inner[lay.plate_ndim :]
+        if len(inner) != 1:
+            base = TransformedDistribution(
+                base, ReshapeTransform(tuple(inner), (math.prod(inner),))
+            )
+    if lay.transform is not None:
+        return TransformedDistribution(base, lay.transform)
+    return base

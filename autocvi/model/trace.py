@@ -23,9 +23,10 @@ import numpyro
 from numpyro import handlers
 from numpyro.distributions import constraints
 
+from ..families.base import unwrap_distribution
 from .graph import FactorGraph, FactorNode, ParamNode, PlateInfo, VariableNode
 
-__all__ = ["trace", "ModelError", "base_distribution", "support_name"]
+__all__ = ["trace_model", "ModelError", "base_distribution", "support_name"]
 
 
 class ModelError(ValueError):
@@ -64,11 +65,10 @@ class _ObservedAsArray(numpyro.primitives.Messenger):
                     ) from err
 
 
-def trace(
+def trace_model(
     model: Callable,
     data: Mapping[str, Any] | None = None,
     *,
-    classify: bool = True,
     rng_key: jax.Array | int = 0,
 ) -> FactorGraph:
     """Trace ``model(**data)`` into the factor graph autocvi sees.
@@ -78,8 +78,6 @@ def trace(
         data: keyword arguments for the model (the NumPyro idiom
             ``def model(X, y=None)``), observations included. Values that
             are not arrays (``N=10``, flags, lists) are passed through as is.
-        classify: also decide every latent's variational family and every
-            factor-latent edge's conjugacy verdict (``autocvi.conjugacy``).
         rng_key: seed for the one model run that draws example latent values
             (and the indices of subsampled plates).
 
@@ -158,10 +156,6 @@ def trace(
         _site_fn_builder=builder,
         _example_values=example,
     )
-    if classify:
-        from .classify import classify_graph
-
-        graph = classify_graph(graph)
     return graph
 
 
@@ -170,15 +164,7 @@ def trace(
 
 def base_distribution(fn):
     """Strip numpyro's shape/mask wrappers (Expanded, Independent, Masked)."""
-    while True:
-        inner = getattr(fn, "base_dist", None)
-        if inner is None or type(fn).__name__ not in (
-            "ExpandedDistribution",
-            "Independent",
-            "MaskedDistribution",
-        ):
-            return fn
-        fn = inner
+    return unwrap_distribution(fn)
 
 
 def support_name(c) -> str:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .expectations import expect, moment_point_set
-from .schedule import Schedule, _plate_examples, _reference_natural
+from ..analysis.expectations import expect, moment_point_set
+from ..plan.schedule import Schedule, _plate_examples, _reference_natural
 
 __all__ = ["initial_natural"]
 

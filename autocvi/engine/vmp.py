@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 import jax
 
-from .classify import latent_layouts
-from .expectations import alignment, expect, moment_point_set
-from .graph import FactorGraph
-from .schedule import _compiled_log_density, _plate_examples
+from ..analysis.classify import latent_layouts
+from ..analysis.expectations import alignment, expect, moment_point_set
+from ..model.graph import FactorGraph
+from ..plan.schedule import _compiled_log_density, _plate_examples
 
 __all__ = ["expected_log_factor", "vmp_message"]
 

@@ -8,13 +8,12 @@ from dataclasses import dataclass, field
 import jax
 import jax.numpy as jnp
 import numpy as np
-from numpyro.distributions import MultivariateNormal, TransformedDistribution
-from numpyro.distributions.transforms import ReshapeTransform
 
-from .engine import CVIState, cvi
-from .graph import FactorGraph, _format_table
-from .schedule import Schedule, build_schedule
-from .tracing import trace
+from ..analysis.classify import trace
+from ..analysis.layout import site_posterior
+from ..engine.step import CVIState, cvi
+from ..model.graph import FactorGraph, _format_table
+from ..plan.schedule import Schedule, build_schedule
 
 __all__ = ["fit", "FitResult"]
 
@@ -167,7 +166,7 @@ def fit(
     posterior = {
         n: schedule.blocks[n].posterior(state.natural[n])
         if n in schedule.blocks
-        else _posterior(lay, state.natural[n])
+        else site_posterior(lay, state.natural[n])
         for n, lay in layouts.items()
     }
     return FitResult(
@@ -232,24 +231,3 @@ def _chunk_runner(step, tol: float, exact: bool):
         return state, history, values, done
 
     return run
-
-
-def _posterior(lay, lam):
-    """q as a numpyro Distribution over the site's value."""
-    base = lay.fam.to_numpyro(lam)
-    if lay.whitening is not None:
-        loc, tril = lay.whitening
-        return MultivariateNormal(
-            loc + jnp.einsum("...ij,...j->...i", tril, base.loc),
-            scale_tril=jnp.einsum("...ij,...jk->...ik", tril, base.scale_tril),
-        )
-    if lay.q_family == "MultivariateNormal":
-        inner = lay._unconstrained_shape if lay.transform is not None else lay.shape
-        inner = inner[lay.plate_ndim :]
-        if len(inner) != 1:
-            base = TransformedDistribution(
-                base, ReshapeTransform(tuple(inner), (int(np.prod(inner)),))
-            )
-    if lay.transform is not None:
-        return TransformedDistribution(base, lay.transform)
-    return base

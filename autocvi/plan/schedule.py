@@ -30,10 +30,12 @@ import numpyro
 from jax._src.interpreters import partial_eval as pe
 from jax.extend import core as jax_core
 
-from .classify import latent_layouts
-from .expectations import Alignment, PointSet, alignment, expect, moment_point_set
-from .graph import EdgeInfo, FactorGraph, PlateInfo, _format_table
-from .layout import LatentLayout
+from ..analysis.classify import latent_layouts, trace
+from ..analysis.expectations import Alignment, PointSet, alignment, expect, moment_point_set
+from ..analysis.layout import LatentLayout
+from ..analysis.linear_predictor import find_linear_predictor
+from ..blocks.gaussian_block import find_block
+from ..model.graph import EdgeInfo, FactorGraph, PlateInfo, _format_table
 
 __all__ = ["FactorPlan", "NodePlan", "Schedule", "plan", "build_schedule"]
 
@@ -167,8 +169,6 @@ def plan(model, data=None, *, num_samples: int = 16, step_size: float | None = N
         num_samples: Monte Carlo draws for estimated messages.
         step_size: override the default (1 when every message is exact, else 0.5).
     """
-    from .tracing import trace
-
     return build_schedule(trace(model, data), num_samples=num_samples, step_size=step_size)
 
 
@@ -293,8 +293,6 @@ def build_schedule(
     order = tuple(sorted(layouts, key=rank))
     blocks = {}
     if gaussian_blocks:
-        from .gaussian_block import find_block
-
         for name, node in nodes.items():
             block = find_block(node, factors, example, params)
             if block is not None:
@@ -376,8 +374,6 @@ def _gauss_hermite_predictor(log_density, example, latent, lay, conjugate):
         or lay.q_family not in ("Normal", "MultivariateNormal")
     ):
         return None
-    from .linear_predictor import find_linear_predictor
-
     try:
         return find_linear_predictor(log_density, example, latent)
     except Exception:  # noqa: BLE001 - no split means the Monte Carlo message is used

@@ -24,10 +24,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .expectations import GH_NODES as _GH_NODES
-from .expectations import GH_WEIGHTS as _GH_WEIGHTS
-from .expectations import PointSet, expect, moment_point_set, point_mass
-from .schedule import FactorPlan, Schedule, _reference_natural
+from ..analysis.expectations import GH_NODES as _GH_NODES
+from ..analysis.expectations import GH_WEIGHTS as _GH_WEIGHTS
+from ..analysis.expectations import PointSet, expect, moment_point_set, point_mass
+from ..plan.schedule import FactorPlan, Schedule, _reference_natural
+from .init import initial_natural
 
 __all__ = ["CVIState", "CVIInfo", "CVIAlgorithm", "cvi"]
 
@@ -288,8 +289,6 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
 
     # ----------------------------------------------------------- init/step
     def init(rng_key) -> CVIState:
-        from .init import initial_natural
-
         natural = initial_natural(schedule, rng_key)
         return CVIState(natural, rng_key, jnp.zeros((), jnp.int32), constant_messages())
 
