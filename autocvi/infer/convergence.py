@@ -1,0 +1,180 @@
+"""Stopping rules and the health checks that decide whether a fit may say ``converged``.
+
+Two rules, both evaluated inside the compiled loop on a history of the last
+``2 * WINDOW`` ELBOs (:func:`converged_now`):
+
+* deterministic schedules (exact and Gauss-Hermite messages, no subsampling):
+  the last three relative changes are all below ``tol``. One small change can
+  happen at the turning point of an oscillation; three in a row cannot.
+* stochastic schedules: after a burn-in of ``BURN_IN`` iterations (so that no
+  window holds the first, transient ELBOs), the least-squares slope of the
+  last ``2 * WINDOW`` ELBOs, times the window length, is below ``tol``
+  (relative) or within two standard errors of zero.
+
+Any non-finite ELBO in the history blocks convergence. After the loop,
+:func:`diagnose` checks the state itself (non-finite parameters, collapsed
+variances, a state that never moved) and :class:`Diagnostics` carries what it
+found; ``fit`` warns, naming the site, and reports ``converged=False`` for
+every problem that makes the answer untrustworthy.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "WINDOW",
+    "BURN_IN",
+    "converged_now",
+    "Diagnostics",
+    "diagnose",
+    "FitWarning",
+]
+
+# ELBOs per window of the stochastic test; the history holds two windows.
+WINDOW = 10
+# Iterations before the stochastic test may pass: the history then no longer
+# holds the first iterations' transient.
+BURN_IN = 3 * WINDOW
+
+
+class FitWarning(UserWarning):
+    """A fit finished, but its result should not be trusted as it stands."""
+
+
+def converged_now(history, iteration, tol, deterministic: bool):
+    """The stopping rule on the last ``2 * WINDOW`` ELBOs (NaN where not yet run).
+
+    Args:
+        history: shape ``(2 * WINDOW,)``, oldest first.
+        iteration: iterations run so far (including the newest).
+        tol: relative tolerance; 0 never stops.
+        deterministic: which of the two rules applies (module docstring).
+    """
+    if deterministic:
+        last = history[-4:]
+        scale = jnp.maximum(1.0, jnp.abs(last[-1]))
+        small = jnp.abs(jnp.diff(last)) <= tol * scale
+        conv = jnp.all(small) & jnp.all(jnp.isfinite(last))
+    else:
+        n = history.shape[0]
+        t = jnp.arange(n, dtype=history.dtype) - (n - 1) / 2.0
+        mean = jnp.mean(history)
+        slope = jnp.sum(t * (history - mean)) / jnp.sum(t * t)
+        resid = history - mean - slope * t
+        se = jnp.sqrt(jnp.sum(resid**2) / (n - 2) / jnp.sum(t * t))
+        rise = jnp.abs(slope) * n
+        conv = (rise <= tol * jnp.maximum(1.0, jnp.abs(mean))) | (rise <= 2.0 * se * n)
+        conv = conv & jnp.all(jnp.isfinite(history)) & (iteration >= BURN_IN)
+    return conv & (tol > 0)
+
+
+@dataclass
+class Diagnostics:
+    """What the health checks found, per site (empty lists mean healthy).
+
+    Attributes:
+        non_finite_elbo: iterations (0-based) whose ELBO was NaN or infinite.
+        elbo_decreases: for deterministic schedules, iterations whose ELBO fell
+            by more than rounding (a safeguarded deterministic schedule never
+            does; each one points at an unsafeguarded message).
+        non_finite: sites whose variational parameters are not finite.
+        collapsed: sites with a Gaussian q whose variance collapsed to ~0.
+        frozen: True when the state never changed from its initial value.
+        messages: the warnings issued, one line each.
+    """
+
+    non_finite_elbo: list = field(default_factory=list)
+    elbo_decreases: list = field(default_factory=list)
+    non_finite: list = field(default_factory=list)
+    collapsed: list = field(default_factory=list)
+    frozen: bool = False
+    messages: list = field(default_factory=list)
+
+    @property
+    def trustworthy(self) -> bool:
+        return not (
+            self.non_finite_elbo
+            or self.non_finite
+            or self.collapsed
+            or self.frozen
+            or len(self.elbo_decreases) > 0
+        )
+
+
+def diagnose(elbo, initial_natural, natural, layouts, blocks, deterministic: bool) -> Diagnostics:
+    """Check a finished run; see :class:`Diagnostics` for what is checked."""
+    d = Diagnostics()
+    elbo = np.asarray(elbo, dtype=float)
+    d.non_finite_elbo = [int(i) for i in np.flatnonzero(~np.isfinite(elbo))]
+    if deterministic and elbo.size > 1:
+        finite = np.isfinite(elbo[:-1]) & np.isfinite(elbo[1:])
+        slack = 1e-5 * (1.0 + np.abs(elbo[1:]))
+        drops = finite & (elbo[1:] < elbo[:-1] - slack)
+        d.elbo_decreases = [int(i) + 1 for i in np.flatnonzero(drops)]
+    for name, lam in natural.items():
+        leaves = jax.tree_util.tree_leaves(lam)
+        if not all(bool(np.all(np.isfinite(np.asarray(x)))) for x in leaves):
+            d.non_finite.append(name)
+            continue
+        if name in blocks:
+            continue
+        lay = layouts[name]
+        if lay.q_family in ("Normal", "MultivariateNormal"):
+            mean, second = lay.fam.natural_to_mean(lam)
+            if lay.q_family == "Normal":
+                var = np.asarray(second - mean**2)
+            else:
+                var = np.diagonal(np.asarray(second), axis1=-2, axis2=-1) - np.asarray(mean) ** 2
+            scale = 1.0 + np.abs(np.asarray(mean)) ** 2
+            eps = 1e-10 if np.asarray(mean).dtype == np.float64 else 1e-6
+            if np.any(var <= eps * scale):
+                d.collapsed.append(name)
+    moved = False
+    for name in natural:
+        for a, b in zip(
+            jax.tree_util.tree_leaves(initial_natural[name]),
+            jax.tree_util.tree_leaves(natural[name]),
+        ):
+            if not np.array_equal(np.asarray(a), np.asarray(b)):
+                moved = True
+    d.frozen = bool(natural) and not moved
+    return d
+
+
+def report(d: Diagnostics, num_steps: int) -> None:
+    """Fill ``d.messages`` and issue one :class:`FitWarning` per problem."""
+    if d.non_finite_elbo:
+        first = d.non_finite_elbo[0]
+        d.messages.append(
+            f"the ELBO was not finite at {len(d.non_finite_elbo)} of {num_steps} iterations "
+            f"(first at iteration {first}); the result is not a converged fit. Check the "
+            "observations for NaN (use obs_mask for missing values) and the priors' supports."
+        )
+    if d.elbo_decreases:
+        d.messages.append(
+            f"the ELBO decreased at {len(d.elbo_decreases)} iterations of a deterministic "
+            f"schedule (first at {d.elbo_decreases[0]}): the updates oscillate; try a smaller "
+            "step_size."
+        )
+    for name in d.non_finite:
+        d.messages.append(
+            f"site {name!r}: its variational parameters are not finite; the fit failed there."
+        )
+    for name in d.collapsed:
+        d.messages.append(
+            f"site {name!r}: the variance of its Gaussian q collapsed to ~0 (a degenerate fixed "
+            "point, usually from an unstable update); do not trust its posterior."
+        )
+    if d.frozen:
+        d.messages.append(
+            "the variational parameters never changed from their initial values: every update "
+            "was refused or had no effect, so this is the starting point, not a fit."
+        )
+    for m in d.messages:
+        warnings.warn(m, FitWarning, stacklevel=3)

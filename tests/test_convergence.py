@@ -1,0 +1,79 @@
+"""The stopping rules cannot pass on a transient, and a failed fit never says converged."""
+
+import warnings
+
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+
+import autocvi
+from autocvi.infer.convergence import BURN_IN, WINDOW, FitWarning, converged_now
+
+
+def history(values):
+    return jnp.asarray(np.asarray(values, dtype=np.float32)[-2 * WINDOW :])
+
+
+def test_stochastic_rule_sees_a_rising_elbo():
+    """Still rising by 0.6 nat per iteration under noise of sd 0.5: not converged."""
+    rng = np.random.default_rng(0)
+    t = np.arange(60)
+    rising = -500.0 + 0.6 * t + rng.normal(0, 0.5, t.size)
+    assert not bool(converged_now(history(rising), 60, 1e-4, False))
+
+
+def test_stochastic_rule_passes_on_noise_around_a_plateau():
+    rng = np.random.default_rng(1)
+    flat = -500.0 + rng.normal(0, 0.5, 60)
+    assert bool(converged_now(history(flat), 60, 1e-4, False))
+
+
+def test_stochastic_rule_waits_for_the_burn_in():
+    """The first windows hold the transient (iteration 1 at -1e5): no verdict yet."""
+    rng = np.random.default_rng(2)
+    values = -500.0 + rng.normal(0, 0.5, 2 * WINDOW)
+    values[0] = -1e5
+    assert not bool(converged_now(history(values), 2 * WINDOW, 1e-4, False))
+    assert not bool(converged_now(history(-500.0 + 0 * values), BURN_IN - 1, 1e-4, False))
+    assert bool(converged_now(history(-500.0 + 0 * values), BURN_IN, 1e-4, False))
+
+
+def test_deterministic_rule_does_not_stop_at_the_turning_point_of_an_oscillation():
+    t = np.arange(40)
+    oscillating = -1000.0 + 900.0 * np.sin(2 * np.pi * t / 10)
+    # pick the window that ends on a turning point (two nearly equal values)
+    h = np.concatenate([np.full(16, np.nan), oscillating[[1, 2, 3, 3]]])
+    h[-2] = h[-1]
+    assert not bool(converged_now(jnp.asarray(h), 40, 1e-6, True))
+    assert bool(converged_now(jnp.asarray(np.full(20, -3.0)), 40, 1e-6, True))
+
+
+def test_non_finite_elbo_blocks_convergence():
+    h = np.full(2 * WINDOW, -10.0)
+    h[-1] = -np.inf
+    assert not bool(converged_now(jnp.asarray(h), 100, 1e-4, True))
+    assert not bool(converged_now(jnp.asarray(h), 100, 1e-4, False))
+
+
+def test_tol_zero_never_stops():
+    assert not bool(converged_now(jnp.asarray(np.full(20, -3.0)), 100, 0.0, True))
+
+
+def normal_mean(y=None):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("n", 5):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+def test_a_healthy_fit_is_converged_without_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FitWarning)
+        r = autocvi.fit(normal_mean, {"y": jnp.arange(5.0)}, progress_bar=False)
+    assert r.converged and r.diagnostics.trustworthy
+
+
+def test_zero_steps_is_an_error_not_an_empty_result():
+    with pytest.raises(ValueError, match="num_steps"):
+        autocvi.fit(normal_mean, {"y": jnp.arange(5.0)}, num_steps=0, progress_bar=False)
