@@ -9,7 +9,7 @@ Layers (each imports only from the ones before it; ``tests/test_layers.py``):
 
 from .analysis import trace
 from .engine import CVIInfo, CVIState, cvi
-from .infer import FitResult, fit
+from .infer import CVI, CVIGuide, CVIRunResult, CVIRunState, FitResult, fit, print_summary
 from .model import (
     EdgeInfo,
     FactorGraph,
@@ -26,6 +26,11 @@ __all__ = [
     "plan",
     "fit",
     "cvi",
+    "CVI",
+    "CVIRunState",
+    "CVIRunResult",
+    "CVIGuide",
+    "print_summary",
     "FitResult",
     "Schedule",
     "CVIState",

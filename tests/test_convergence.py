@@ -50,6 +50,13 @@ def test_deterministic_rule_does_not_stop_at_the_turning_point_of_an_oscillation
     assert bool(converged_now(jnp.asarray(np.full(20, -3.0)), 40, 1e-6, True))
 
 
+def test_stochastic_rule_does_not_call_an_oscillation_noise():
+    """The logistic regression of issue 12 swung between -46 and -2,622 with period ~10."""
+    t = np.arange(60)
+    swinging = -1300.0 + 1290.0 * np.sin(2 * np.pi * t / 10)
+    assert not bool(converged_now(history(swinging), 60, 1e-4, False))
+
+
 def test_non_finite_elbo_blocks_convergence():
     h = np.full(2 * WINDOW, -10.0)
     h[-1] = -np.inf

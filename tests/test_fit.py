@@ -453,11 +453,29 @@ def test_same_key_same_result_and_resume(case):
 
 def test_rng_key_changes_initialisation():
     data = dict(x=X_LINE, y=Y_LINE)
-    kw = dict(num_steps=1, tol=0.0, progress_bar=False)
+    kw = dict(num_steps=1, tol=0.0, progress_bar=False, structure="mean-field")
     r0 = fit(line_two_sites, data, rng_key=jax.random.PRNGKey(0), **kw)
     r1 = fit(line_two_sites, data, rng_key=jax.random.PRNGKey(1), **kw)
     # after one coordinate-ascent sweep q(a) still depends on where q(b) started
     assert not np.allclose(r0.posterior["a"].loc, r1.posterior["a"].loc)
+
+
+def test_joint_structure_is_the_exact_posterior_in_one_step():
+    """a and b share the Gaussian likelihood, so they share one Gaussian q (joint
+    structure, the default): one step with beta = 1 is the closed-form Bayesian
+    linear regression posterior, including the a-b correlation mean-field loses."""
+    data = dict(x=X_LINE, y=Y_LINE)
+    r = fit(line_two_sites, data, num_steps=1, step_size=1.0, progress_bar=False)
+    X = np.stack([np.ones_like(np.asarray(X_LINE)), np.asarray(X_LINE)], axis=1)
+    precision = np.eye(2) / 10.0**2 + X.T @ X / 0.1**2
+    cov = np.linalg.inv(precision)
+    mean = cov @ (X.T @ np.asarray(Y_LINE) / 0.1**2)
+    draws = r.sample(jax.random.PRNGKey(0), 200_000)
+    ab = np.stack([np.asarray(draws["a"]), np.asarray(draws["b"])], axis=1)
+    np.testing.assert_allclose(r.posterior["a"].loc, mean[0], rtol=1e-8)
+    np.testing.assert_allclose(r.posterior["b"].scale, np.sqrt(cov[1, 1]), rtol=1e-8)
+    np.testing.assert_allclose(np.cov(ab.T), cov, rtol=2e-2, atol=1e-12)
+    assert "q(a,b)" in str(r.schedule)
 
 
 # --------------------------------------------------------------------------

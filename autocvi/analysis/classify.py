@@ -41,6 +41,8 @@ def classify_graph(graph: FactorGraph) -> FactorGraph:
         site_fn = graph.site_fn(factor.name)
         for latent in factor.latents:
             family = layouts[latent].family
+            if family == "Joint":  # a joint group's coordinates: one Gaussian vector
+                family = layouts[latent].q_family
             if factor.site == latent and family != "Unconstrained":
                 edges[(factor.name, latent)] = EdgeInfo(
                     conjugate=True,

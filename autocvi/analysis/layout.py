@@ -26,6 +26,7 @@ from numpyro.distributions import MultivariateNormal, TransformedDistribution
 from numpyro.distributions.transforms import ReshapeTransform, biject_to
 
 from .. import families
+from ..model.coordinates import JointCoordinates
 
 __all__ = ["LatentLayout", "GAUSSIAN_PRIORS", "make_layout", "site_posterior"]
 
@@ -169,6 +170,10 @@ def make_layout(
     plate_shape = shape[:plate_ndim]
     inner = shape[plate_ndim:]
 
+    if isinstance(base, JointCoordinates):
+        # The unconstrained coordinates of a joint group (autocvi.analysis.joint):
+        # one Gaussian over all of them.
+        return LatentLayout(name, "Joint", "MultivariateNormal", shape, 0, shape)
     if kind in GAUSSIAN_PRIORS:
         if (
             kind == "MultivariateNormal"

@@ -74,16 +74,26 @@ class GaussianBlock:
 
     name: str
     solver: str  # "weight-space" | "function-space" | "markov"
-    prior_factor: str
+    # The factors whose sum is the Gaussian prior: the site's own prior, or the
+    # members' priors of a joint group (autocvi.analysis.joint).
+    prior_factors: tuple[str, ...]
     terms: tuple[_Term, ...]
     layout: Any = field(repr=False)
     dim: int = 0
-    # diagonal prior: x = m0 + sd0 * u, u ~ N(0, I); markov prior: (q_diag, q_off, h)
+    # diagonal prior: x = m0 + sd0 * u, u ~ N(0, I); a dense prior (a joint
+    # group's hierarchy): x = m0 + L0 u with L0 L0^T the prior covariance;
+    # markov prior: (q_diag, q_off, h)
     prior: dict = field(default_factory=dict, repr=False)
 
     @property
     def factors(self) -> tuple[str, ...]:
-        return (self.prior_factor,) + tuple(t.factor for t in self.terms)
+        return self.prior_factors + tuple(t.factor for t in self.terms)
+
+    def _scale(self, u):
+        """x - m0 from whitened u (``(..., D)``): ``sd0 * u`` or ``L0 u``."""
+        if "L0" in self.prior:
+            return jnp.einsum("ij,...j->...i", self.prior["L0"], u)
+        return self.prior["sd0"] * u
 
     @property
     def num_sites(self) -> int:
@@ -212,17 +222,21 @@ class GaussianBlock:
         marginals, aux = self.solve(sites)
         if self.solver == "markov":
             return gs.markov_posterior(*aux)
-        m0, sd0, At = self.prior["m0"], self.prior["sd0"], self.prior["At"]
+        m0, At = self.prior["m0"], self.prior["At"]
         if self.solver == "weight-space":
             mean_u, C = aux
             inv_c = jax.scipy.linalg.solve_triangular(
                 C, jnp.eye(C.shape[0], dtype=C.dtype), lower=True
             )
+            if "L0" in self.prior:  # Cov_x = L0 C^-T C^-1 L0^T
+                rows = self.prior["L0"] @ inv_c.T
+                return m0 + self._scale(mean_u), jnp.sum(rows * rows, axis=1)
             var_u = jnp.sum(inv_c * inv_c, axis=0)
         else:
             alpha, s, C = aux
             mean_u = At.T @ alpha
             var_u = gs.function_space_weights(At, s, C)
+        sd0 = self.prior["sd0"]
         return m0 + sd0 * mean_u, sd0 * sd0 * var_u
 
     def precision(self, sites):
@@ -235,7 +249,10 @@ class GaussianBlock:
             q = jnp.diag(p["q_diag"]) + jnp.diag(p["q_off"][1:], -1) + jnp.diag(p["q_off"][1:], 1)
             return q + jnp.diag(term.a * term.a * W)
         A = jnp.concatenate([t.A for t in self.terms])
-        return jnp.diag(1.0 / self.prior["sd0"] ** 2) + A.T @ (W[:, None] * A)
+        prior_precision = self.prior.get("Q0")
+        if prior_precision is None:
+            prior_precision = jnp.diag(1.0 / self.prior["sd0"] ** 2)
+        return prior_precision + A.T @ (W[:, None] * A)
 
     def natural(self, sites):
         """Natural parameters ``(P m, -P/2)`` of q on x (small blocks only)."""
@@ -249,7 +266,7 @@ class GaussianBlock:
         marginals, aux = self.solve(sites)
         if self.solver == "markov":
             return gs.markov_sample(key, aux[0], aux[1], num_samples)
-        m0, sd0, At = self.prior["m0"], self.prior["sd0"], self.prior["At"]
+        m0, At = self.prior["m0"], self.prior["At"]
         if self.solver == "weight-space":
             mean_u, C = aux
             e = jax.random.normal(key, (num_samples, C.shape[0]), C.dtype)
@@ -257,7 +274,7 @@ class GaussianBlock:
         else:
             alpha, s, C = aux
             u = gs.function_space_sample(key, At, alpha, s, C, num_samples)
-        return m0[None] + sd0[None] * u
+        return m0[None] + self._scale(u)
 
     def posterior(self, sites):
         """q over the site's value: a MultivariateNormal when D is small, else a BlockPosterior."""
@@ -346,9 +363,12 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
         return None
     exact = [f for f, kind in node.incoming if kind == "exact"]
     estimated = [f for f, kind in node.incoming if kind != "exact"]
-    if exact != [name] or not estimated:
+    # The prior is every exact factor (the site's own prior, or the members'
+    # priors of a joint group); each must touch this node only.
+    # (A joint group's own flat density is no factor at all.)
+    if not exact or not estimated or (len(exact) > 1 and lay.whitening is not None):
         return None
-    for fname in (name, *estimated):
+    for fname in (*exact, *estimated):
         fplan = factors[fname]
         if fplan.latents != (name,) or fplan.subsampled:
             return None
@@ -368,10 +388,10 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
     def at(x):
         return {**values, name: lay.to_site(x)}
 
-    prior_fn = factors[name].log_density
+    prior_fns = [factors[f].log_density for f in exact]
 
     def log_prior(x):
-        return jnp.sum(prior_fn(at(x)))
+        return sum(jnp.sum(fn(at(x))) for fn in prior_fns)
 
     grad = jax.grad(log_prior)
 
@@ -406,8 +426,11 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
         recon = q_diag * probe + q_off * shifted_down + q_up * shifted_up
         if bool(jnp.all(jnp.abs(recon - q_probe) <= tol)):
             tridiagonal = (q_diag, q_off)
+    dense = None
     if not diagonal and tridiagonal is None:
-        return None
+        dense = _dense_prior(log_prior, x0, probe, rel)
+        if dense is None:
+            return None
 
     terms = []
     for fname in estimated:
@@ -440,8 +463,16 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
         q_diag, q_off = tridiagonal if tridiagonal is not None else (q_ones, jnp.zeros_like(q_ones))
         prior = {"q_diag": q_diag, "q_off": q_off, "h": h}
         prior["factored"] = gs.markov_prior(q_diag, q_off, h)
-        return GaussianBlock(name, "markov", name, tuple(terms), lay, dim, prior)
-    if not diagonal or any(t.A is None for t in terms):
+        return GaussianBlock(name, "markov", tuple(exact), tuple(terms), lay, dim, prior)
+    if any(t.A is None for t in terms):
+        return None
+    if dense is not None:
+        m0, L0, Q0 = dense
+        A = jnp.concatenate([t.A for t in terms])
+        b = jnp.concatenate([t.b for t in terms])
+        prior = {"m0": m0, "L0": L0, "Q0": Q0, "At": A @ L0, "mf": A @ m0 + b}
+        return GaussianBlock(name, "weight-space", tuple(exact), tuple(terms), lay, dim, prior)
+    if not diagonal:
         return None
     sd0 = 1.0 / jnp.sqrt(q_ones)
     m0 = h / q_ones
@@ -452,7 +483,36 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
     if solver == "function-space":
         # The predictors' prior covariance, formed once (every solve needs it).
         prior["K"] = prior["At"] @ prior["At"].T
-    return GaussianBlock(name, solver, name, tuple(terms), lay, dim, prior)
+    return GaussianBlock(name, solver, tuple(exact), tuple(terms), lay, dim, prior)
+
+
+# Largest dense prior precision (D x D) a block reads with a Hessian.
+_MAX_DENSE_PRIOR = 2000
+
+
+def _dense_prior(log_prior, x0, probe, rel):
+    """``(m0, L0, Q0)`` of a Gaussian log prior with a dense precision, or None.
+
+    The precision is the negative Hessian (constant: every prior factor was
+    classified as conjugate, i.e. quadratic); it is checked at a second point
+    and must be positive definite. ``L0 = R^-T`` with ``Q0 = R R^T``, so
+    ``x = m0 + L0 u`` has ``u ~ N(0, I)`` under the prior.
+    """
+    dim = x0.shape[0]
+    if dim > _MAX_DENSE_PRIOR:
+        return None
+    hess = jax.hessian(log_prior)
+    Q0 = -0.5 * (hess(x0) + hess(x0).T)
+    Q1 = -hess(x0 + probe)
+    if not bool(jnp.all(jnp.abs(Q1 - Q0) <= rel * (1.0 + jnp.max(jnp.abs(Q0))))):
+        return None
+    R = jnp.linalg.cholesky(Q0)
+    if not bool(jnp.all(jnp.isfinite(R))):
+        return None
+    h = jax.grad(log_prior)(x0)
+    m0 = jax.scipy.linalg.cho_solve((R, True), h)
+    L0 = jax.scipy.linalg.solve_triangular(R, jnp.eye(dim, dtype=R.dtype), lower=True).T
+    return m0, L0, Q0
 
 
 def _elementwise_predictor(log_density, values, name, lay):

@@ -37,7 +37,7 @@ def initial_natural(schedule: Schedule, rng_key) -> dict:
             natural[name] = schedule.blocks[name].init_sites()
             continue
         draw = lay.from_site(values[name])
-        if lay.family == "Unconstrained":
+        if lay.family in ("Unconstrained", "Joint"):
             natural[name] = _full_size(node, _gaussian_at(lay, draw, _UNCONSTRAINED_INIT_VAR))
             continue
         fplan = schedule.factors[name]

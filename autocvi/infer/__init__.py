@@ -1,5 +1,16 @@
 """Layer 7, inference API: the loop, convergence, results, ``fit``."""
 
+from .cvi import CVI, CVIRunResult, CVIRunState
 from .fit import FitResult, fit
+from .guide import CVIGuide
+from .summary import print_summary
 
-__all__ = ["FitResult", "fit"]
+__all__ = [
+    "FitResult",
+    "fit",
+    "CVI",
+    "CVIRunState",
+    "CVIRunResult",
+    "CVIGuide",
+    "print_summary",
+]

@@ -43,11 +43,17 @@ WINDOW = 10
 BURN_IN = 3 * WINDOW
 
 
+def noise_limit(level):
+    """Largest sd of the ELBO around its trend that a converged stochastic fit may show:
+    1 nat, or 0.1% of the ELBO when that is larger."""
+    return jnp.maximum(1.0, 1e-3 * jnp.abs(level))
+
+
 class FitWarning(UserWarning):
     """A fit finished, but its result should not be trusted as it stands."""
 
 
-def converged_now(history, iteration, tol, deterministic: bool):
+def converged_now(history, iteration, tol, deterministic: bool, subsampled: bool = False):
     """The stopping rule on the last ``2 * WINDOW`` ELBOs (NaN where not yet run).
 
     Args:
@@ -55,6 +61,8 @@ def converged_now(history, iteration, tol, deterministic: bool):
         iteration: iterations run so far (including the newest).
         tol: relative tolerance; 0 never stops.
         deterministic: which of the two rules applies (module docstring).
+        subsampled: the ELBO is estimated from minibatches, whose noise is
+            part of the estimate, so the noise limit does not apply.
     """
     if deterministic:
         last = history[-4:]
@@ -70,7 +78,11 @@ def converged_now(history, iteration, tol, deterministic: bool):
         se = jnp.sqrt(jnp.sum(resid**2) / (n - 2) / jnp.sum(t * t))
         rise = jnp.abs(slope) * n
         conv = (rise <= tol * jnp.maximum(1.0, jnp.abs(mean))) | (rise <= 2.0 * se * n)
-        conv = conv & jnp.all(jnp.isfinite(history)) & (iteration >= BURN_IN)
+        # "Within the noise" only counts when the noise is small: an ELBO that
+        # swings by more than NOISE_LIMIT is oscillating, not converged.
+        spread = jnp.sqrt(jnp.sum(resid**2) / (n - 2))
+        quiet = (spread <= noise_limit(mean)) | subsampled
+        conv = conv & quiet & jnp.all(jnp.isfinite(history)) & (iteration >= BURN_IN)
     return conv & (tol > 0)
 
 
@@ -94,6 +106,7 @@ class Diagnostics:
     non_finite: list = field(default_factory=list)
     collapsed: list = field(default_factory=list)
     frozen: bool = False
+    noisy: float | None = None
     messages: list = field(default_factory=list)
 
     @property
@@ -103,11 +116,14 @@ class Diagnostics:
             or self.non_finite
             or self.collapsed
             or self.frozen
+            or self.noisy is not None
             or len(self.elbo_decreases) > 0
         )
 
 
-def diagnose(elbo, initial_natural, natural, layouts, blocks, deterministic: bool) -> Diagnostics:
+def diagnose(
+    elbo, initial_natural, natural, layouts, blocks, deterministic: bool, subsampled: bool = False
+) -> Diagnostics:
     """Check a finished run; see :class:`Diagnostics` for what is checked."""
     d = Diagnostics()
     elbo = np.asarray(elbo, dtype=float)
@@ -135,8 +151,8 @@ def diagnose(elbo, initial_natural, natural, layouts, blocks, deterministic: boo
             eps = 1e-10 if np.asarray(mean).dtype == np.float64 else 1e-6
             if np.any(var <= eps * scale):
                 d.collapsed.append(name)
-    moved = False
-    for name in natural:
+    moved = initial_natural is None
+    for name in natural if initial_natural is not None else ():
         for a, b in zip(
             jax.tree_util.tree_leaves(initial_natural[name]),
             jax.tree_util.tree_leaves(natural[name]),
@@ -144,6 +160,13 @@ def diagnose(elbo, initial_natural, natural, layouts, blocks, deterministic: boo
             if not np.array_equal(np.asarray(a), np.asarray(b)):
                 moved = True
     d.frozen = bool(natural) and not moved
+    tail = elbo[-2 * WINDOW :]
+    if not deterministic and not subsampled and elbo.size >= BURN_IN and np.all(np.isfinite(tail)):
+        t = np.arange(tail.size) - (tail.size - 1) / 2.0
+        resid = tail - tail.mean() - t * np.sum(t * (tail - tail.mean())) / np.sum(t * t)
+        spread = float(np.sqrt(np.sum(resid**2) / (tail.size - 2)))
+        if spread > float(noise_limit(tail.mean())):
+            d.noisy = spread
     return d
 
 
@@ -170,6 +193,12 @@ def report(d: Diagnostics, num_steps: int) -> None:
         d.messages.append(
             f"site {name!r}: the variance of its Gaussian q collapsed to ~0 (a degenerate fixed "
             "point, usually from an unstable update); do not trust its posterior."
+        )
+    if d.noisy is not None:
+        d.messages.append(
+            f"the ELBO still swings by {d.noisy:.3g} nats (sd around its trend) over the last "
+            f"{2 * WINDOW} iterations: the updates oscillate or their Monte Carlo estimates are "
+            "too noisy; try a smaller step_size or a larger num_samples."
         )
     if d.frozen:
         d.messages.append(

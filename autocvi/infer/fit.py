@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..analysis.classify import trace
+from ..analysis.joint import member_posteriors
 from ..analysis.layout import site_posterior
 from ..engine.step import CVIState, cvi
 from ..model.graph import FactorGraph, _format_table
-from ..plan.schedule import Schedule, build_schedule
+from ..plan.schedule import Schedule, plan
 from .convergence import WINDOW, Diagnostics, converged_now, diagnose, report
 
 __all__ = ["fit", "FitResult"]
@@ -68,6 +68,8 @@ class FitResult:
             else:
                 draws = lay.fam.sample(sub, self.state.natural[name], (num_samples,))
             out[name] = lay.to_site(draws)
+        for group in self.schedule.joint:
+            out.update(group.values(out.pop(group.name)))
         return out
 
     def summary(self, max_elements: int = 6) -> str:
@@ -104,6 +106,7 @@ def fit(
     tol: float | None = None,
     init_state: CVIState | None = None,
     progress_bar: bool = True,
+    structure: str = "joint",
 ) -> FitResult:
     """Fit a NumPyro model with conjugate-computation variational inference.
 
@@ -124,6 +127,9 @@ def fit(
             ``num_steps``.
         init_state: a previous ``FitResult.state`` to resume from.
         progress_bar: show a progress bar (tqdm, as NumPyro's ``SVI.run``).
+        structure: ``"joint"`` (default): latents coupled by a factor share one
+            Gaussian q (``plan()`` shows the groups and why);
+            ``"mean-field"``: one q per site.
 
     Returns:
         a :class:`FitResult`.
@@ -132,8 +138,7 @@ def fit(
         rng_key = 0
     if isinstance(rng_key, int):
         rng_key = jax.random.PRNGKey(rng_key)
-    graph = trace(model, data)
-    schedule = build_schedule(graph, num_samples=num_samples, step_size=step_size)
+    schedule = plan(model, data, num_samples=num_samples, step_size=step_size, structure=structure)
     exact = schedule.deterministic
     if num_steps is None:
         num_steps = 100 if schedule.all_exact else 500
@@ -141,20 +146,25 @@ def fit(
         tol = 1e-6 if exact else 1e-4
     algorithm = cvi(schedule)
     state = jax.jit(algorithm.init)(rng_key) if init_state is None else init_state
-    initial = state.natural
+    # A resumed fit may legitimately not move (it started at the optimum).
+    initial = state.natural if init_state is None else None
+    subsampled = any(f.subsampled for f in schedule.factors.values())
     state, elbos, converged, wall = run_loop(
-        algorithm.step, state, num_steps, tol, exact, progress_bar=progress_bar
+        algorithm.step,
+        state,
+        num_steps,
+        tol,
+        exact,
+        progress_bar=progress_bar,
+        subsampled=subsampled,
     )
     layouts = {n: node.layout for n, node in schedule.nodes.items()}
-    diagnostics = diagnose(elbos, initial, state.natural, layouts, schedule.blocks, exact)
+    diagnostics = diagnose(
+        elbos, initial, state.natural, layouts, schedule.blocks, exact, subsampled
+    )
     report(diagnostics, elbos.size)
     converged = converged and diagnostics.trustworthy
-    posterior = {
-        n: schedule.blocks[n].posterior(state.natural[n])
-        if n in schedule.blocks
-        else site_posterior(lay, state.natural[n])
-        for n, lay in layouts.items()
-    }
+    posterior = posterior_of(schedule, state)
     return FitResult(
         posterior=posterior,
         elbo=elbos,
@@ -175,7 +185,15 @@ _CHUNK = 20
 _WINDOW = WINDOW
 
 
-def run_loop(step, state, num_steps: int, tol: float, deterministic: bool, progress_bar=False):
+def run_loop(
+    step,
+    state,
+    num_steps: int,
+    tol: float,
+    deterministic: bool,
+    progress_bar=False,
+    subsampled: bool = False,
+):
     """Run ``step`` up to ``num_steps`` times or to convergence.
 
     Iterations run inside a compiled ``lax.scan``, ``_CHUNK`` at a time; the
@@ -189,7 +207,7 @@ def run_loop(step, state, num_steps: int, tol: float, deterministic: bool, progr
     """
     if num_steps < 1:
         raise ValueError(f"num_steps must be at least 1, got {num_steps}")
-    run_chunk = _chunk_runner(step, tol, deterministic)
+    run_chunk = _chunk_runner(step, tol, deterministic, subsampled)
     elbos: list[float] = []
     converged = False
     start = time.perf_counter()
@@ -218,7 +236,7 @@ def run_loop(step, state, num_steps: int, tol: float, deterministic: bool, progr
     return state, np.asarray(elbos), converged, time.perf_counter() - start
 
 
-def _chunk_runner(step, tol: float, exact: bool):
+def _chunk_runner(step, tol: float, exact: bool, subsampled: bool = False):
     """A jitted ``(state, history, remaining) -> (state, history, elbos, done)``.
 
     Runs ``_CHUNK`` iterations in a ``lax.scan``. After convergence (or after
@@ -236,7 +254,7 @@ def _chunk_runner(step, tol: float, exact: bool):
         elbo = jnp.where(jnp.isfinite(info.elbo), info.elbo, -jnp.inf)
         value = jnp.where(active, elbo, jnp.nan)
         history = jnp.where(active, jnp.roll(history, -1).at[-1].set(elbo), history)
-        conv = converged_now(history, state.iteration, tol, exact)
+        conv = converged_now(history, state.iteration, tol, exact, subsampled)
         done = jnp.logical_or(done, active & conv)
         count = count + active.astype(count.dtype)
         return (state, history, count, remaining, done), (value, done)
@@ -248,3 +266,18 @@ def _chunk_runner(step, tol: float, exact: bool):
         return state, history, values, done
 
     return run
+
+
+def posterior_of(schedule: Schedule, state) -> dict:
+    """q per latent site of the user's model (joint groups split into their members)."""
+    out = {}
+    for n, node in schedule.nodes.items():
+        lam = state.natural[n]
+        out[n] = (
+            schedule.blocks[n].posterior(lam)
+            if n in schedule.blocks
+            else site_posterior(node.layout, lam)
+        )
+    for group in schedule.joint:
+        out.update(member_posteriors(group, out.pop(group.name)))
+    return out

@@ -32,6 +32,7 @@ from jax.extend import core as jax_core
 
 from ..analysis.classify import latent_layouts, trace
 from ..analysis.expectations import Alignment, PointSet, alignment, expect, moment_point_set
+from ..analysis.joint import find_joint_groups, joint_model
 from ..analysis.layout import LatentLayout
 from ..analysis.linear_predictor import find_linear_predictor
 from ..blocks.gaussian_block import find_block
@@ -91,6 +92,14 @@ class Schedule:
     # Global nodes of a subsampled model use beta_t = step_size * (1 + t)^-decay
     # (Robbins-Monro, as stochastic VI, Hoffman et al. 2013); local nodes use step_size.
     step_size_decay: float = 0.0
+    # Joint Gaussian groups (autocvi.analysis.joint): the nodes named after a group
+    # hold one Gaussian over its members' unconstrained coordinates.
+    joint: tuple = ()
+    # Lines plan() prints about structure decisions (groups kept split, ...).
+    notes: tuple = ()
+    # The graph of the model as the user wrote it (``graph`` is the rewritten one
+    # when there are joint groups).
+    user_graph: FactorGraph | None = field(default=None, repr=False)
 
     def step_size_at(self, iteration, local: bool = False):
         """beta at ``iteration`` (a traced integer) for a global or local node."""
@@ -157,10 +166,30 @@ class Schedule:
                 ("#", "node", "q family", "shape", "incoming messages (factor (kind))"), rows
             ),
         ]
+        if self.joint:
+            lines.append("")
+            lines.append(
+                "Joint Gaussian nodes (one Gaussian over the members' unconstrained coordinates):"
+            )
+            for g in self.joint:
+                lines.append(f"  {g.name}: D = {g.dim}; because {g.reason}")
+        for note in self.notes:
+            lines.append(f"  note: {note}")
         return "\n".join(lines)
 
 
-def plan(model, data=None, *, num_samples: int = 16, step_size: float | None = None) -> Schedule:
+STRUCTURES = ("joint", "mean-field")
+
+
+def plan(
+    model,
+    data=None,
+    *,
+    num_samples: int = 16,
+    step_size: float | None = None,
+    structure: str = "joint",
+    **options,
+) -> Schedule:
     """The message-passing schedule autocvi will run for ``model(**data)``.
 
     Args:
@@ -168,8 +197,27 @@ def plan(model, data=None, *, num_samples: int = 16, step_size: float | None = N
         data: keyword arguments for the model.
         num_samples: Monte Carlo draws for estimated messages.
         step_size: override the default (1 when every message is exact, else 0.5).
+        structure: ``"joint"`` (default): latents that a factor couples share
+            one Gaussian over their unconstrained coordinates
+            (:mod:`autocvi.analysis.joint`); ``"mean-field"``: one q per site.
+        options: passed to :func:`build_schedule`.
     """
-    return build_schedule(trace(model, data), num_samples=num_samples, step_size=step_size)
+    if structure not in STRUCTURES:
+        raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
+    graph = trace(model, data)
+    groups, notes = [], []
+    if structure == "joint":
+        groups, notes = find_joint_groups(graph, latent_layouts(graph))
+    if not groups:
+        schedule = build_schedule(graph, num_samples=num_samples, step_size=step_size, **options)
+        schedule.notes = tuple(notes)
+        return schedule
+    joint_graph = trace(joint_model(model, groups), data)
+    schedule = build_schedule(joint_graph, num_samples=num_samples, step_size=step_size, **options)
+    schedule.joint = tuple(groups)
+    schedule.notes = tuple(notes)
+    schedule.user_graph = graph
+    return schedule
 
 
 def build_schedule(

@@ -1,0 +1,268 @@
+"""Joint Gaussian groups: which latents share one Gaussian q, and the model that makes it so.
+
+Mean-field *between* latents that a likelihood couples is what makes VI wrong
+and unstable (DESIGN.md section 2): a logistic regression written with a
+feature plate and a separate intercept oscillated and stopped 5-9 posterior sd
+off. So q is chosen from what the factors couple, never from how the priors
+are declared:
+
+* a continuous latent is a *candidate* when it is in a Gaussian family
+  (Normal / MultivariateNormal, or a Gaussian on its unconstrained space) or
+  when some factor is not conjugate to it (a Gamma concentration of a negative
+  binomial, say); an exponential-family latent whose every factor is
+  conjugate (a Gamma precision, a Dirichlet) keeps its exact VMP updates, and
+  discrete latents keep their closed-form messages;
+* two candidates belong to one group when a factor touches both and is either
+  not conjugate to one of them, or conjugate to both as Gaussians (a shared
+  Gaussian likelihood, or a hierarchical prior ``a ~ Normal(mu, 1)``);
+* the elements of a candidate in a plate are coupled (and the site becomes a
+  group of its own) when a factor outside that plate is not conjugate to it
+  (``Bernoulli(logits=X @ w)`` with ``w`` declared in a feature plate).
+
+A group becomes one latent vector ``z`` of the unconstrained coordinates of its
+members (CVI paper Sec. 5: a Gaussian on the unconstrained space). The model is
+rewritten, not the engine: :func:`joint_model` samples ``z`` from a flat
+:class:`JointCoordinates` density and *conditions* each member site on its slice
+of ``z`` (mapped to the member's support), so every member's prior becomes a
+factor of ``z`` and the log-Jacobian of the maps is added as a factor. The
+planner then sees one Gaussian node whose factors are its members' priors and
+likelihoods, and chooses exact, Gauss-Hermite, Monte Carlo messages or a
+Gaussian block for it as for any other node.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpyro
+from numpyro import handlers
+from numpyro.distributions import constraints
+from numpyro.distributions.transforms import biject_to
+
+from ..model.coordinates import JointCoordinates
+from ..model.graph import FactorGraph
+from .layout import LatentLayout
+
+__all__ = ["JointCoordinates", "JointGroup", "find_joint_groups", "joint_model", "MAX_JOINT_DIM"]
+
+# Largest joint group (unconstrained coordinates): above it the group is split
+# back into one node per site and plan() says so.
+MAX_JOINT_DIM = 2000
+_GAUSSIAN_Q = ("Normal", "MultivariateNormal")
+
+
+@dataclass(frozen=True)
+class JointMember:
+    """One site of a group: where its unconstrained coordinates sit in ``z``."""
+
+    name: str
+    shape: tuple[int, ...]  # the site's value shape
+    unconstrained_shape: tuple[int, ...]
+    offset: int
+    transform: object  # biject_to(support), None for real-valued sites
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.unconstrained_shape)
+
+    def value(self, z):
+        """The site's value from ``z`` (``(..., D)`` -> ``(...,) + shape``)."""
+        lead = jnp.shape(z)[:-1]
+        u = jnp.reshape(
+            z[..., self.offset : self.offset + self.size], lead + self.unconstrained_shape
+        )
+        return u if self.transform is None else self.transform(u)
+
+
+@dataclass(frozen=True)
+class JointGroup:
+    """Latent sites that share one Gaussian q over their unconstrained coordinates."""
+
+    name: str
+    members: tuple[JointMember, ...]
+    reason: str
+
+    @property
+    def dim(self) -> int:
+        return sum(m.size for m in self.members)
+
+    @property
+    def member_names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.members)
+
+    def values(self, z) -> dict:
+        return {m.name: m.value(z) for m in self.members}
+
+    def log_abs_det_jacobian(self, z):
+        total = 0.0
+        lead = jnp.shape(z)[:-1]
+        for m in self.members:
+            if m.transform is None:
+                continue
+            u = jnp.reshape(z[..., m.offset : m.offset + m.size], lead + m.unconstrained_shape)
+            ladj = m.transform.log_abs_det_jacobian(u, m.transform(u))
+            extra = jnp.ndim(ladj) - len(lead)
+            total = total + (
+                jnp.sum(ladj, axis=tuple(range(len(lead), len(lead) + extra))) if extra else ladj
+            )
+        return total
+
+
+def find_joint_groups(
+    graph: FactorGraph, layouts: dict[str, LatentLayout], max_dim: int = MAX_JOINT_DIM
+) -> tuple[list[JointGroup], list[str]]:
+    """The joint groups of a classified graph (rules in the module docstring).
+
+    Returns:
+        ``(groups, notes)``: the groups with two or more members or one
+        member whose plate elements are coupled, and one line per group that
+        was too large and stays split (for ``plan()``).
+    """
+    candidates = []
+    for name in graph.latent_names:
+        lay = layouts[name]
+        var = graph.variables[name]
+        if lay.discrete or any(p.subsampled for p in var.plates):
+            continue
+        gaussian = lay.q_family in _GAUSSIAN_Q and lay.whitening is None
+        nonconj = any(
+            not graph.edges[(f.name, name)].conjugate
+            for f in graph.factors.values()
+            if name in f.latents and f.name != name
+        )
+        if gaussian or nonconj:
+            candidates.append(name)
+    cand = set(candidates)
+    parent = {n: n for n in candidates}
+    why: dict[str, list[str]] = {n: [] for n in candidates}
+
+    def find(n):
+        while parent[n] != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    coupled_elements = set()
+    for fac in graph.factors.values():
+        inside = [n for n in fac.latents if n in cand]
+        if not inside:
+            continue
+        nonconj = [n for n in inside if not graph.edges[(fac.name, n)].conjugate]
+        gauss = [
+            n
+            for n in inside
+            if graph.edges[(fac.name, n)].conjugate and layouts[n].q_family in _GAUSSIAN_Q
+        ]
+        linked = set(nonconj)
+        if nonconj or len(gauss) > 1:
+            linked |= set(gauss)
+        linked = [n for n in inside if n in linked]
+        for n in nonconj:
+            fac_plates = {p.name for p in fac.plates}
+            if any(p.name not in fac_plates for p in graph.variables[n].plates):
+                coupled_elements.add(n)
+                why[n].append(f"{fac.name} couples the elements of {n}")
+        if len(linked) > 1:
+            for n in linked[1:]:
+                parent[find(n)] = find(linked[0])
+            for n in linked:
+                why[n].append(f"{fac.name} couples {', '.join(linked)}")
+    roots: dict[str, list[str]] = {}
+    for n in candidates:
+        roots.setdefault(find(n), []).append(n)
+    groups, notes = [], []
+    for members in roots.values():
+        if len(members) == 1 and members[0] not in coupled_elements:
+            continue
+        if len(members) == 1 and not graph.variables[members[0]].plates:
+            continue  # one site without plates is one Gaussian already
+        built, offset = [], 0
+        for n in members:
+            lay = layouts[n]
+            var = graph.variables[n]
+            prior_support = graph.site_fn(n)(graph.example_values)[0].support
+            transform = None if prior_support is constraints.real else biject_to(prior_support)
+            if isinstance(prior_support, constraints.independent) and (
+                prior_support.base_constraint is constraints.real
+            ):
+                transform = None
+            ushape = (
+                tuple(var.shape) if transform is None else tuple(transform.inverse_shape(var.shape))
+            )
+            built.append(JointMember(n, tuple(var.shape), ushape, offset, transform))
+            offset += math.prod(ushape)
+            del lay
+        reasons = sorted({r for n in members for r in why[n]})
+        if offset > max_dim:
+            notes.append(
+                f"{', '.join(members)}: a joint Gaussian would have {offset} coordinates "
+                f"(> {max_dim}); kept as one Gaussian per site (block-diagonal)."
+            )
+            continue
+        groups.append(JointGroup("q(" + ",".join(members) + ")", tuple(built), "; ".join(reasons)))
+    return groups, notes
+
+
+def joint_model(model, groups: list[JointGroup]):
+    """``model`` with every group's members conditioned on one flat vector site.
+
+    The returned function has the model's signature. Each group's vector is
+    sampled first, at zero unconstrained coordinates by default (the centre of
+    the unconstrained space, as ``init_to_uniform`` without noise); its
+    members' sites are conditioned on their slices, so their prior densities
+    stay in the model as factors of the vector, and the log-Jacobian of the maps
+    to the members' supports is a ``numpyro.factor``.
+    """
+
+    @functools.wraps(model)
+    def wrapped(*args, **kwargs):
+        values = {}
+        vectors = {}
+        for g in groups:
+            z = numpyro.sample(g.name, JointCoordinates(jnp.zeros((g.dim,))))
+            vectors[g.name] = z
+            values.update(g.values(z))
+        with handlers.condition(data=values):
+            out = model(*args, **kwargs)
+        for g in groups:
+            if any(m.transform is not None for m in g.members):
+                numpyro.factor(f"{g.name}:log|J|", g.log_abs_det_jacobian(vectors[g.name]))
+        return out
+
+    return wrapped
+
+
+def member_posteriors(group: JointGroup, q_z) -> dict:
+    """Per-member numpyro Distributions from the joint q over ``z`` (its marginals)."""
+    from numpyro.distributions import (
+        MultivariateNormal,
+        Normal,
+        TransformedDistribution,
+    )
+    from numpyro.distributions.transforms import ReshapeTransform
+
+    if hasattr(q_z, "covariance_matrix"):
+        loc, cov = q_z.loc, q_z.covariance_matrix
+    else:  # a structured block posterior: marginal variances only
+        loc, cov = q_z.mean, None
+    out = {}
+    for m in group.members:
+        sl = slice(m.offset, m.offset + m.size)
+        if not m.unconstrained_shape:
+            var = q_z.variance[m.offset] if cov is None else cov[m.offset, m.offset]
+            base = Normal(loc[m.offset], jnp.sqrt(var))
+        elif cov is None:
+            base = Normal(loc[sl], jnp.sqrt(q_z.variance[sl])).to_event(1)
+        else:
+            base = MultivariateNormal(loc[sl], covariance_matrix=cov[sl, sl])
+        if m.unconstrained_shape and tuple(m.unconstrained_shape) != (m.size,):
+            base = TransformedDistribution(base, ReshapeTransform(m.unconstrained_shape, (m.size,)))
+        out[m.name] = base if m.transform is None else TransformedDistribution(base, m.transform)
+    return out
+
+
+del jax

@@ -1,0 +1,508 @@
+"""``autocvi.CVI``: a NumPyro-native interface mirroring ``numpyro.infer.SVI``.
+
+::
+
+    cvi = autocvi.CVI(model)
+    result = cvi.run(rng_key, 100, X, y=y)          # CVIRunResult(params, state, losses, ...)
+    posterior = cvi.get_posterior(result.state)     # site -> numpyro Distribution
+    guide = cvi.guide(result.state)                 # for numpyro.infer.Predictive
+
+    state = cvi.init(rng_key, X, y=y)               # or step by step
+    for _ in range(100):
+        state, elbo = cvi.update(state, X, y=y)
+
+Model arguments are passed as to ``SVI``: positional arguments are bound to the
+model's signature. Conventions follow NumPyro: ``losses`` are negative ELBOs
+(``update`` and ``evaluate`` return the ELBO itself, as ``fit`` reports it).
+
+Data as inputs. The model is traced and planned once per shape of its array
+arguments: every array argument (ndim >= 1) enters the trace as a hidden
+``numpyro.param`` site (``"_data.<arg>"``), so the compiled ``init``/``update``
+/``evaluate``/``run`` take the data as inputs and a second ``init`` or an
+``update`` with new data of the same shapes neither retraces nor recompiles.
+Three cases keep the data fixed in the plan instead ("baked"):
+
+* an argument that a latent site's own prior depends on (a GP kernel built
+  from ``X``): the prior decides the layout (whitening, constraints), so new
+  values of it retrace the model;
+* models with Gaussian blocks (their predictor matrices are read from the data
+  when planned): new data re-plan from the cached trace (no retrace) and
+  recompile;
+* models whose code needs concrete data (numpy calls on the data, Python
+  control flow on its values): traced with the data as constants; new values
+  retrace.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+
+from ..analysis import classify as _classify
+from ..analysis.layout import site_posterior
+from ..engine.step import CVIState, cvi
+from ..plan.schedule import build_schedule
+from .convergence import diagnose, report
+from .fit import _WINDOW, _chunk_runner
+
+__all__ = ["CVI", "CVIRunState", "CVIRunResult"]
+
+# Name prefix of the hidden param sites that carry the model's array arguments.
+_DATA_PREFIX = "_data."
+# Plans kept per CVI object (older states of baked plans lose their posterior).
+_MAX_PLANS = 16
+
+
+class CVIRunState(NamedTuple):
+    """The state :class:`CVI` passes between calls.
+
+    ``state``: the engine's :class:`~autocvi.engine.CVIState` (natural
+    parameters, rng key, iteration); ``plan``: which of the CVI object's plans
+    (schedule for one shape of the data) it belongs to.
+    """
+
+    state: CVIState
+    plan: int
+
+
+class CVIRunResult(NamedTuple):
+    """What :meth:`CVI.run` returns: NumPyro's ``SVIRunResult`` plus three fields.
+
+    ``params``: the model's ``numpyro.param`` values; ``state``: a
+    :class:`CVIRunState` (pass it to ``get_posterior``/``guide`` or back as
+    ``init_state``); ``losses``: ``-elbo`` per iteration (NumPyro's
+    convention); ``elbo``: the ELBO per iteration (numpy); ``converged``: the
+    stopping rule of :func:`autocvi.fit` was met and the health checks passed;
+    ``num_steps``: iterations run.
+    """
+
+    params: dict
+    state: CVIRunState
+    losses: np.ndarray
+    elbo: np.ndarray
+    converged: bool
+    num_steps: int
+
+
+class _Carry(NamedTuple):
+    """The chunk runner's state: the engine state plus the data it is bound to."""
+
+    cvi_state: CVIState
+    inputs: dict
+
+    @property
+    def iteration(self):
+        return self.cvi_state.iteration
+
+
+@dataclass
+class _Traced:
+    """One trace of the model (per static arguments and array shapes)."""
+
+    graph: Any
+    wrapped: tuple  # array arguments that are data inputs (hidden params)
+    baked: dict  # array arguments traced as constants: name -> value
+    plan: Any = None  # the latest _Plan built from this trace
+
+
+@dataclass
+class _Plan:
+    """A schedule, its algorithms and their compiled functions."""
+
+    id: int
+    traced: _Traced
+    schedule: Any
+    algorithm: Any
+    bound: bool  # data enter the compiled functions as inputs
+    data: dict  # the data values the schedule was planned with (param name -> array)
+    compiled: dict = field(default_factory=dict)
+
+
+class CVI:
+    """Conjugate-computation variational inference with ``numpyro.infer.SVI``'s interface.
+
+    Args:
+        model: a NumPyro model.
+        num_samples: Monte Carlo draws per estimated message.
+        step_size: beta; default as :func:`autocvi.fit` (1 when every message is
+            exact, 0.1 with Fisher-route messages, else 0.5).
+        tol: convergence tolerance of :meth:`run` (default as ``fit``: 1e-6 for
+            deterministic schedules, 1e-4 otherwise; 0 runs every step).
+
+    There is no guide argument: q is chosen by autocvi (one family per latent,
+    Gaussian blocks where the structure allows); :meth:`guide` returns it as a
+    guide for ``numpyro.infer.Predictive``.
+    """
+
+    def __init__(self, model, *, num_samples: int = 16, step_size=None, tol=None):
+        self.model = model
+        self.num_samples = num_samples
+        self.step_size = step_size
+        self.tol = tol
+        self._traced: dict = {}
+        self._plans: dict = {}
+        self._next_id = 0
+        try:
+            self._signature = inspect.signature(model)
+        except (TypeError, ValueError):
+            self._signature = None
+
+    # ------------------------------------------------------------- SVI API
+    def init(self, rng_key, *args, **kwargs) -> CVIRunState:
+        """Trace and plan the model for these arguments (cached per shape) and start CVI."""
+        plan, inputs = self._prepare(args, kwargs)
+        state = self._compiled(plan, "init")(_as_key(rng_key), inputs)
+        return CVIRunState(state, plan.id)
+
+    def update(self, state: CVIRunState, *args, **kwargs):
+        """One CVI step (compiled once per shape). Returns ``(state, elbo)``.
+
+        The ELBO is the one after the step, as ``fit`` reports it.
+        """
+        plan, inputs = self._prepare(args, kwargs)
+        sched = plan.schedule
+        new, elbo = self._step(plan, state, inputs, sched.step_size, sched.block_step_size)
+        return CVIRunState(new, plan.id), elbo
+
+    def evaluate(self, state: CVIRunState, *args, **kwargs) -> float:
+        """The ELBO at ``state`` (no update; a fresh estimate when messages are sampled)."""
+        plan, inputs = self._prepare(args, kwargs)
+        return float(self._step(plan, state, inputs, 0.0, 0.0)[1])
+
+    def run(
+        self, rng_key, num_steps: int, *args, progress_bar=False, init_state=None, **kwargs
+    ) -> CVIRunResult:
+        """Run up to ``num_steps`` iterations, stopping at convergence as :func:`autocvi.fit`.
+
+        ``init_state``: a :class:`CVIRunState` to continue from (``rng_key`` is
+        then unused). The loop runs in compiled chunks (``fit``'s chunk runner),
+        compiled once per CVI object, data shapes and ``tol``.
+        """
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be at least 1, got {num_steps}")
+        plan, inputs = self._prepare(args, kwargs)
+        if init_state is None:
+            state = self._compiled(plan, "init")(_as_key(rng_key), inputs)
+        else:
+            state = init_state.state
+            # The engine caches the messages that depend on the data only: recompute
+            # them for these data.
+            consts = self._compiled(plan, "constants")(inputs)
+            state = state._replace(constant_messages=consts)
+        exact = plan.schedule.deterministic
+        tol = self.tol if self.tol is not None else (1e-6 if exact else 1e-4)
+        runner = self._compiled(plan, ("run", float(tol)))
+        initial = state.natural
+        carry, elbos, converged = _loop(runner, _Carry(state, inputs), num_steps, progress_bar)
+        state = carry.cvi_state
+        layouts = {n: node.layout for n, node in plan.schedule.nodes.items()}
+        diagnostics = diagnose(elbos, initial, state.natural, layouts, plan.schedule.blocks, exact)
+        report(diagnostics, elbos.size)
+        run_state = CVIRunState(state, plan.id)
+        return CVIRunResult(
+            params=self.get_params(run_state),
+            state=run_state,
+            losses=-elbos,
+            elbo=elbos,
+            converged=bool(converged and diagnostics.trustworthy),
+            num_steps=int(elbos.size),
+        )
+
+    def get_params(self, state: CVIRunState) -> dict:
+        """The model's ``numpyro.param`` values (fixed hyperparameters in CVI)."""
+        params = self._plan_of(state).schedule.params
+        return {k: v for k, v in params.items() if not k.startswith(_DATA_PREFIX)}
+
+    def get_posterior(self, state: CVIRunState) -> dict:
+        """Latent site -> q as a numpyro Distribution over the site's value (as ``fit``)."""
+        schedule = self._plan_of(state).schedule
+        natural = state.state.natural
+        return {
+            n: schedule.blocks[n].posterior(natural[n])
+            if n in schedule.blocks
+            else site_posterior(node.layout, natural[n])
+            for n, node in schedule.nodes.items()
+        }
+
+    def guide(self, state: CVIRunState):
+        """q as a guide for ``numpyro.infer.Predictive`` (a :class:`~autocvi.infer.guide.CVIGuide`)."""
+        from .guide import CVIGuide
+
+        return CVIGuide(self.get_posterior(state), model=self.model, source=self)
+
+    def get_schedule(self, state: CVIRunState):
+        """The :class:`~autocvi.plan.Schedule` a state belongs to (``print`` it)."""
+        return self._plan_of(state).schedule
+
+    # ------------------------------------------------------------ plumbing
+    def _plan_of(self, state):
+        pid = int(np.asarray(state.plan))
+        if pid not in self._plans:
+            raise KeyError(
+                "this state belongs to a plan this CVI object no longer holds (or to another "
+                "CVI object); run init again."
+            )
+        return self._plans[pid]
+
+    def _bind(self, args, kwargs) -> dict:
+        """The model's arguments as the keyword dict autocvi traces with."""
+        if not args:
+            return dict(kwargs)
+        if self._signature is None:
+            raise TypeError(
+                "the model's signature cannot be inspected: pass its arguments by keyword"
+            )
+        bound = self._signature.bind_partial(*args, **kwargs)
+        out = {}
+        for name, value in bound.arguments.items():
+            kind = self._signature.parameters[name].kind
+            if kind is inspect.Parameter.VAR_POSITIONAL:
+                raise TypeError(
+                    f"the model takes *{name}; autocvi calls models with keyword arguments "
+                    "only: give the model named parameters"
+                )
+            if kind is inspect.Parameter.VAR_KEYWORD:
+                out.update(value)
+            else:
+                out[name] = value
+        return out
+
+    def _prepare(self, args, kwargs):
+        """``(plan, inputs)`` for these model arguments; traces/plans only when needed."""
+        data = self._bind(args, kwargs)
+        arrays = {k: jnp.asarray(v) for k, v in data.items() if _is_data_array(v)}
+        static = {k: v for k, v in data.items() if k not in arrays}
+        key = (
+            tuple(sorted((k, _static_key(v)) for k, v in static.items())),
+            tuple(sorted((k, a.shape, str(a.dtype)) for k, a in arrays.items())),
+        )
+        traced = self._traced.get(key)
+        if traced is not None and not all(
+            _same_array(traced.baked[k], data[k]) for k in traced.baked
+        ):
+            traced = None  # a baked argument changed: trace again
+        if traced is None:
+            traced = self._trace(data, arrays)
+            self._traced[key] = traced
+        inputs = {_DATA_PREFIX + k: arrays[k] for k in traced.wrapped}
+        plan = traced.plan
+        if plan is None:
+            plan = self._new_plan(traced, traced.graph, inputs)
+        elif not plan.bound and not all(_same_array(plan.data[k], v) for k, v in inputs.items()):
+            # Data baked into the plan changed: plan again from the cached trace.
+            values = {**traced.graph.example_values, **inputs}
+            plan = self._new_plan(traced, replace(traced.graph, _example_values=values), inputs)
+        return plan, (inputs if plan.bound else {})
+
+    def _trace(self, data, arrays) -> _Traced:
+        names = tuple(k for k, a in arrays.items() if a.ndim >= 1)
+        try:
+            graph = self._trace_wrapped(data, arrays, names)
+            # Arguments a latent's own prior reads decide its layout: keep them constant.
+            hidden = {_DATA_PREFIX + k for k in names}
+            in_priors = {
+                p[len(_DATA_PREFIX) :]
+                for n in graph.latent_names
+                for p in graph.factors[n].params
+                if p in hidden
+            }
+            if in_priors:
+                names = tuple(k for k in names if k not in in_priors)
+                graph = self._trace_wrapped(data, arrays, names)
+        except Exception:  # noqa: BLE001 - the model needs concrete data: trace it as fit does
+            names = ()
+            graph = self._trace_wrapped(data, arrays, names)
+        baked = {k: data[k] for k in arrays if k not in names}
+        return _Traced(graph, names, baked)
+
+    def _trace_wrapped(self, data, arrays, names):
+        model = _with_data_params(self.model, names) if names else self.model
+        traced_data = {**data, **{k: arrays[k] for k in names}}
+        return _classify.trace(model, traced_data)
+
+    def _new_plan(self, traced: _Traced, graph, inputs) -> _Plan:
+        schedule = build_schedule(graph, num_samples=self.num_samples, step_size=self.step_size)
+        # Gaussian blocks read their predictor matrices from the data when planned.
+        bound = bool(traced.wrapped) and not schedule.blocks
+        plan = _Plan(
+            id=self._next_id,
+            traced=traced,
+            schedule=schedule,
+            algorithm=cvi(schedule),
+            bound=bound,
+            data=dict(inputs),
+        )
+        self._next_id += 1
+        traced.plan = plan
+        self._plans[plan.id] = plan
+        while len(self._plans) > _MAX_PLANS:
+            self._plans.pop(next(iter(self._plans)))
+        return plan
+
+    def _step(self, plan, state, inputs, beta, block_beta):
+        # The engine caches the messages that depend on the data only (constant
+        # messages): recompute them for these data.
+        consts = self._compiled(plan, "constants")(inputs)
+        engine_state = state.state._replace(constant_messages=consts)
+        dtype = jnp.result_type(float)
+        return self._compiled(plan, "step")(
+            engine_state, inputs, jnp.asarray(beta, dtype), jnp.asarray(block_beta, dtype)
+        )
+
+    def _compiled(self, plan: _Plan, what):
+        fn = plan.compiled.get(what)
+        if fn is None:
+            fn = _compile(plan, what)
+            plan.compiled[what] = fn
+        return fn
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _compile(plan: _Plan, what):
+    """The jitted function ``what`` of a plan; data enter as ``inputs``.
+
+    ``"step"`` takes the step sizes as inputs too, so that ``evaluate`` (step
+    sizes 0: the state does not move and the ELBO is the one at the state)
+    shares ``update``'s compiled step.
+    """
+    schedule, algorithm = plan.schedule, plan.algorithm
+
+    def constants(inputs):
+        with _Bound(schedule, inputs):
+            return algorithm.init(jax.random.PRNGKey(0)).constant_messages
+
+    if what == "constants":
+        return jax.jit(constants)
+    if what == "init":
+
+        def init(key, inputs):
+            with _Bound(schedule, inputs):
+                return algorithm.init(key)
+
+        return jax.jit(init)
+    if what == "step":
+
+        def step(state, inputs, beta, block_beta):
+            with _Bound(schedule, inputs, (beta, block_beta)):
+                new, info = algorithm.step(state)
+            return new, info.elbo
+
+        return jax.jit(step)
+    if isinstance(what, tuple) and what[0] == "run":
+
+        def run_step(carry: _Carry):
+            with _Bound(schedule, carry.inputs):
+                new, info = algorithm.step(carry.cvi_state)
+            return _Carry(new, carry.inputs), info
+
+        return _chunk_runner(run_step, what[1], schedule.deterministic)
+    raise ValueError(what)
+
+
+class _Bound:
+    """Temporarily give the schedule's data params (and step sizes) other values.
+
+    The engine reads ``schedule.params`` and the step sizes when its functions
+    are traced, so inside ``jit`` they become inputs of the compiled function
+    instead of constants.
+    """
+
+    def __init__(self, schedule, values: dict, step_sizes=None):
+        self.schedule, self.values, self.step_sizes = schedule, values, step_sizes
+
+    def __enter__(self):
+        params = self.schedule.params
+        self.saved = {k: params[k] for k in self.values}
+        self.saved_steps = (self.schedule.step_size, self.schedule.block_step_size)
+        params.update(self.values)
+        if self.step_sizes is not None:
+            self.schedule.step_size, self.schedule.block_step_size = self.step_sizes
+
+    def __exit__(self, *exc):
+        self.schedule.params.update(self.saved)
+        self.schedule.step_size, self.schedule.block_step_size = self.saved_steps
+        return False
+
+
+def _loop(runner, carry, num_steps, progress_bar):
+    """``fit``'s loop (:func:`autocvi.infer.fit.run_loop`) with a cached chunk runner."""
+    elbos: list[float] = []
+    converged = False
+    bar = None
+    if progress_bar and num_steps > 1:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=num_steps, desc="CVI", leave=False)
+    history = jnp.full((2 * _WINDOW,), jnp.nan)
+    while len(elbos) < num_steps and not converged:
+        remaining = jnp.asarray(num_steps - len(elbos), jnp.int32)
+        carry, history, values, done = runner(carry, history, remaining)
+        values, done = np.asarray(values), np.asarray(done)
+        ran = int(np.sum(~np.isnan(values)))
+        elbos.extend(float(v) for v in values[:ran])
+        converged = ran > 0 and bool(done[ran - 1])
+        if bar is not None:
+            bar.update(ran)
+            if elbos:
+                bar.set_postfix_str(f"elbo {elbos[-1]:.4f}")
+        if ran == 0:
+            break
+    if bar is not None:
+        bar.close()
+    return carry, np.asarray(elbos), converged
+
+
+def _with_data_params(model, names):
+    """``model`` with the array arguments ``names`` read through ``numpyro.param`` sites."""
+
+    def wrapped(*args, **kwargs):
+        for k in names:
+            if k in kwargs:
+                kwargs[k] = numpyro.param(_DATA_PREFIX + k, kwargs[k])
+        return model(*args, **kwargs)
+
+    # trace() checks the data against the model's own signature and names it in errors.
+    for attr in ("__name__", "__qualname__", "__module__", "__doc__"):
+        if hasattr(model, attr):
+            setattr(wrapped, attr, getattr(model, attr))
+    wrapped.__wrapped__ = model
+    return wrapped
+
+
+def _is_data_array(value) -> bool:
+    return (
+        isinstance(value, (np.ndarray, jax.Array))
+        and np.ndim(value) >= 1
+        and (jnp.issubdtype(value.dtype, jnp.number) or jnp.issubdtype(value.dtype, jnp.bool_))
+    )
+
+
+def _static_key(value):
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return ("repr", type(value).__name__, repr(value))
+
+
+def _same_array(a, b) -> bool:
+    if a is b:
+        return True
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(a, b))
+
+
+def _as_key(rng_key):
+    if rng_key is None:
+        rng_key = 0
+    if isinstance(rng_key, int):
+        return jax.random.PRNGKey(rng_key)
+    return rng_key

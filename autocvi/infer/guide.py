@@ -1,0 +1,260 @@
+"""``CVIGuide``: autocvi's q as a NumPyro guide (the ``AutoGuide`` interface).
+
+::
+
+    guide = cvi.guide(state)                       # or CVIGuide(fit_result.posterior)
+    Predictive(model, guide=guide, num_samples=1000)(rng_key, X)   # posterior predictive
+    guide.quantiles(quantiles=[0.05, 0.5, 0.95])   # site -> array (3,) + site shape
+
+Called as a model, the guide draws every latent site of the model from q
+(``numpyro.sample(name, q_site)``), so ``Predictive`` runs it, then the model
+conditioned on its draws, exactly as with an ``AutoGuide``. q is already
+fitted: the guide has no ``numpyro.param`` sites, and the ``params`` argument of
+its methods (NumPyro's ``AutoGuide`` signature) only selects another state
+when it is a :class:`~autocvi.infer.cvi.CVIRunState` (or a ``CVIRunResult`` or
+a ``FitResult``); a dict (``svi_result.params``) is accepted and ignored.
+
+Marginal quantiles and moments (also used by :func:`autocvi.print_summary`):
+
+* exact when the site's q is Gaussian (Normal, the marginals of a
+  MultivariateNormal or of a Gaussian block), or a Gaussian pushed through
+  elementwise monotone transforms (``exp``, ``sigmoid``, ``softplus``, affine,
+  power, reshapes and compositions: the constrained sites' q): the Gaussian's
+  quantiles are mapped through the transforms (the lower and upper tails swap
+  where a transform decreases);
+* else through the distribution's own ``icdf`` when it has one;
+* else Monte Carlo, 4000 draws with a fixed key (Gamma, Beta, Dirichlet,
+  discrete q).
+
+Means and standard deviations come from the distribution's ``mean`` and
+``variance`` when it has them, from 64-node Gauss-Hermite quadrature for a
+transformed Gaussian, else from the same 4000 draws.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+from jax.scipy.special import ndtri
+from numpyro.distributions import transforms as T
+
+from ..blocks.gaussian_block import BlockPosterior
+
+__all__ = ["CVIGuide", "marginal_quantiles", "marginal_moments", "NUM_DRAWS"]
+
+# Draws of the Monte Carlo fallback, and its key (results are reproducible).
+NUM_DRAWS = 4000
+_DRAW_KEY = 0
+# Gauss-Hermite nodes for the moments of a transformed Gaussian.
+_GH_NODES, _GH_WEIGHTS = np.polynomial.hermite_e.hermegauss(64)
+_GH_WEIGHTS = _GH_WEIGHTS / np.sqrt(2.0 * np.pi)
+
+
+class CVIGuide:
+    """q as a guide: callable as a model, plus the ``AutoGuide`` query methods.
+
+    Args:
+        posterior: latent site -> numpyro Distribution over the site's value
+            (``CVI.get_posterior(state)``, ``FitResult.posterior``), in model order.
+        model: the model (kept for reference, as ``AutoGuide.model``).
+        source: the :class:`~autocvi.infer.cvi.CVI` object, so that a
+            ``CVIRunState`` passed as ``params`` selects that state's q.
+    """
+
+    def __init__(self, posterior: dict, *, model=None, source=None):
+        self.posterior = dict(posterior)
+        self.model = model
+        self._source = source
+
+    @classmethod
+    def from_fit(cls, result, model=None) -> CVIGuide:
+        """The guide of an :func:`autocvi.fit` result."""
+        return cls(result.posterior, model=model)
+
+    def __call__(self, *args, **kwargs) -> dict:
+        """Draw every latent site from q (the model's arguments are not needed)."""
+        return {name: numpyro.sample(name, q) for name, q in self.posterior.items()}
+
+    def get_posterior(self, params=None) -> dict:
+        """Latent site -> q (a numpyro Distribution over the site's value)."""
+        if params is None or isinstance(params, dict):
+            return dict(self.posterior)
+        if hasattr(params, "posterior"):  # FitResult
+            return dict(params.posterior)
+        state = getattr(params, "state", None)
+        if hasattr(state, "plan"):  # CVIRunResult
+            params = state
+        if hasattr(params, "plan") and self._source is not None:  # CVIRunState
+            return self._source.get_posterior(params)
+        raise TypeError(
+            f"params must be None, a dict, a CVIRunState, a CVIRunResult or a FitResult; "
+            f"got {type(params).__name__}"
+        )
+
+    def sample_posterior(self, rng_key, params=None, *args, sample_shape=(), **kwargs) -> dict:
+        """Draws of every latent site: site -> array ``sample_shape + site shape``.
+
+        Only the latent sample sites; run ``Predictive`` for deterministic and
+        observed sites.
+        """
+        if isinstance(rng_key, int):
+            rng_key = jax.random.PRNGKey(rng_key)
+        posterior = self.get_posterior(params)
+        keys = jax.random.split(rng_key, max(len(posterior), 1))
+        return {
+            name: q.sample(k, tuple(sample_shape)) for k, (name, q) in zip(keys, posterior.items())
+        }
+
+    def median(self, params=None) -> dict:
+        """Posterior median of every element of every latent site (exact when possible)."""
+        out = self.quantiles(params, [0.5])
+        return {k: v[0] for k, v in out.items()}
+
+    def quantiles(self, params=None, quantiles=(0.05, 0.5, 0.95)) -> dict:
+        """Marginal quantiles: site -> array ``(len(quantiles),) + site shape``.
+
+        Exact for Gaussian and monotone-transformed Gaussian q, else Monte
+        Carlo (module docstring).
+        """
+        posterior = self.get_posterior(params)
+        return {k: marginal_quantiles(q, quantiles)[0] for k, q in posterior.items()}
+
+
+# --------------------------------------------------------------------------
+# Marginals of q
+# --------------------------------------------------------------------------
+
+
+def marginal_quantiles(q, probs, *, num_draws: int = NUM_DRAWS):
+    """``(values, exact)``: the elementwise quantiles of ``q`` at ``probs``.
+
+    ``values`` has shape ``(len(probs),) + batch_shape + event_shape``;
+    ``exact`` says whether they are exact or Monte Carlo estimates.
+    """
+    probs = jnp.asarray(probs, dtype=jnp.result_type(float))
+    value_shape = tuple(q.batch_shape) + tuple(q.event_shape)
+    chain = _normal_chain(q)
+    if chain is not None:
+        loc, scale, transforms = chain
+        p = jnp.reshape(probs, (-1,) + (1,) * jnp.ndim(loc))
+        lo, hi = loc + scale * ndtri(p), loc + scale * ndtri(1.0 - p)
+        for t in transforms:
+            sign = _sign(t)
+            tlo, thi = t(lo), t(hi)
+            lo = jnp.where(sign > 0, tlo, thi)
+            hi = jnp.where(sign > 0, thi, tlo)
+        return jnp.broadcast_to(lo, (probs.shape[0],) + value_shape), True
+    if not q.event_shape:
+        try:
+            p = jnp.reshape(probs, (-1,) + (1,) * len(value_shape))
+            values = q.icdf(p)
+            if bool(jnp.all(jnp.isfinite(values))):
+                return jnp.broadcast_to(values, (probs.shape[0],) + value_shape), True
+        except Exception:  # noqa: BLE001 - no icdf (NotImplementedError, missing TFP, ...)
+            pass
+    draws = _draws(q, num_draws)
+    return jnp.quantile(draws, probs, axis=0), False
+
+
+def marginal_moments(q, *, num_draws: int = NUM_DRAWS):
+    """``(mean, std, how)`` of every element of ``q``; ``how`` is ``"exact"``,
+    ``"quadrature"`` or ``"monte carlo"``."""
+    try:
+        mean, var = q.mean, q.variance
+        value_shape = tuple(q.batch_shape) + tuple(q.event_shape)
+        if bool(jnp.all(jnp.isfinite(mean))) and bool(jnp.all(jnp.isfinite(var))):
+            mean = jnp.broadcast_to(mean, value_shape)
+            var = jnp.broadcast_to(var, value_shape)
+            return mean, jnp.sqrt(var), "exact"
+    except Exception:  # noqa: BLE001 - e.g. TransformedDistribution has no mean
+        pass
+    chain = _normal_chain(q)
+    if chain is not None:
+        loc, scale, transforms = chain
+        z = jnp.reshape(jnp.asarray(_GH_NODES, loc.dtype), (-1,) + (1,) * jnp.ndim(loc))
+        w = jnp.reshape(jnp.asarray(_GH_WEIGHTS, loc.dtype), z.shape)
+        x = loc + scale * z
+        for t in transforms:
+            x = t(x)
+        w = jnp.reshape(w, (-1,) + (1,) * (x.ndim - 1))
+        mean = jnp.sum(w * x, axis=0)
+        var = jnp.maximum(jnp.sum(w * (x - mean) ** 2, axis=0), 0.0)
+        return mean, jnp.sqrt(var), "quadrature"
+    draws = _draws(q, num_draws)
+    return jnp.mean(draws, axis=0), jnp.std(draws, axis=0), "monte carlo"
+
+
+def _draws(q, num_draws):
+    draws = q.sample(jax.random.PRNGKey(_DRAW_KEY), (num_draws,))
+    return jnp.asarray(draws, dtype=jnp.result_type(float))
+
+
+def _normal_chain(q):
+    """``(loc, scale, transforms)`` with each element of q distributed as
+    ``transforms(loc + scale * z)``, z standard normal, every transform
+    elementwise monotone (or a reshape); None when q is not of that form."""
+    if isinstance(q, (dist.Independent, dist.MaskedDistribution)):
+        return _normal_chain(q.base_dist)
+    if isinstance(q, dist.ExpandedDistribution):
+        inner = _normal_chain(q.base_dist)
+        if inner is None or inner[2]:
+            return None
+        shape = tuple(q.batch_shape) + tuple(q.event_shape)
+        return jnp.broadcast_to(inner[0], shape), jnp.broadcast_to(inner[1], shape), []
+    if isinstance(q, dist.Normal):
+        shape = tuple(q.batch_shape)
+        return jnp.broadcast_to(q.loc, shape), jnp.broadcast_to(q.scale, shape), []
+    if isinstance(q, (dist.MultivariateNormal, BlockPosterior)):
+        return q.mean, jnp.sqrt(q.variance), []
+    if isinstance(q, dist.TransformedDistribution):
+        inner = _normal_chain(q.base_dist)
+        if inner is None:
+            return None
+        transforms = _flatten(q.transforms)
+        if any(_sign(t) is None for t in transforms):
+            return None
+        return inner[0], inner[1], list(inner[2]) + transforms
+    return None
+
+
+def _flatten(transforms):
+    out = []
+    for t in transforms:
+        if isinstance(t, T.ComposeTransform):
+            out.extend(_flatten(t.parts))
+        else:
+            out.append(t)
+    return out
+
+
+def _sign(t):
+    """+1 / -1 (elementwise array) for an increasing / decreasing elementwise
+    transform or a reshape; None for anything else."""
+    if isinstance(
+        t, (T.IdentityTransform, T.ExpTransform, T.SigmoidTransform, T.SoftplusTransform)
+    ):
+        return 1.0
+    if isinstance(t, T.ReshapeTransform):
+        return 1.0
+    if isinstance(t, T.AffineTransform):
+        sign = jnp.sign(t.scale)
+        return None if bool(jnp.any(sign == 0)) else sign
+    if isinstance(t, T.PowerTransform):
+        sign = jnp.sign(t.exponent)
+        return None if bool(jnp.any(sign == 0)) else sign
+    if isinstance(t, T.IndependentTransform):
+        return _sign(t.base_transform)
+    if isinstance(t, T.ComposeTransform):
+        signs = [_sign(p) for p in t.parts]
+        if any(s is None for s in signs):
+            return None
+        out = 1.0
+        for s in signs:
+            out = out * s
+        return out
+    if type(t).__name__ == "_InverseTransform":
+        return _sign(t.inv)
+    return None
