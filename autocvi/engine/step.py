@@ -252,13 +252,18 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
     }
 
     # ----------------------------------------------------------------- ELBO
-    def elbo(lam, key, fixed, block_elbos=None):
+    def elbo(lam, key, fixed, block_elbos=None, only=None):
+        """The ELBO at ``lam``; with ``only`` (a node), just the terms that change
+        with that node (its factors and its entropy), for the step's line search."""
         mus = {j: layouts[j].fam.natural_to_mean(lam[j]) for j in lam if j not in blocks}
-        # A block's factors touch no other latent: its term is the one its update returned.
-        block_elbos = block_elbos or {j: block.elbo(lam[j]) for j, block in blocks.items()}
-        total = sum(block_elbos.values())
+        if only is None:
+            # A block's factors touch no other latent: its term is the one its update returned.
+            block_elbos = block_elbos or {j: block.elbo(lam[j]) for j, block in blocks.items()}
+            total = sum(block_elbos.values())
+        else:
+            total = 0.0
         for fplan in factors.values():
-            if fplan.name in block_factors:
+            if fplan.name in block_factors or (only is not None and only not in fplan.latents):
                 continue
             key, sub = jax.random.split(key)
             gh = next(iter(fplan.linear_predictors), None)
@@ -276,16 +281,64 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             else:
                 total = total + expectation(fplan, tensor, drawn, fixed, 0)
         for j in lam:
-            if j in blocks:
+            if j in blocks or (only is not None and j != only):
                 continue
             entropy = jnp.sum(layouts[j].fam.entropy(lam[j]))
             for _, plate in nodes[j].subsample_axes:
                 entropy = entropy * (plate.size / plate.subsample_size)
             total = total + entropy
+        if only is not None:
+            return total
         # Factors without latent neighbours (observed-only terms) are constants,
         # and so is the log-Jacobian of whitened Gaussian nodes.
         whitening = sum(lay.log_det_whitening for j, lay in layouts.items() if j not in blocks)
         return total + whitening + _constant_terms(graph, params, fixed)
+
+    # Nodes with estimated messages whose every factor sees all of its
+    # elements (no subsampled plate): their steps are safeguarded by the ELBO.
+    safeguarded = {
+        i
+        for i, node in nodes.items()
+        if i not in blocks
+        and not node.local
+        and any(kind != "exact" for _, kind in node.incoming)
+        and not any(factors[f].subsampled for f, _ in node.incoming)
+    }
+
+    def safeguarded_update(i, lam, message, beta, key, fixed):
+        """The damped step, halved while it lowers the node's ELBO terms.
+
+        The ELBO terms that change with node i are estimated before and after
+        with the same random numbers (common random numbers), so the comparison
+        is not swamped by Monte Carlo noise; a step that is not finite or lowers
+        them by more than rounding is halved up to ``_MAX_HALVINGS`` times and
+        refused (the node keeps its parameters) if none helps. This is a
+        backtracking line search on the CVI step (DESIGN.md section 2: every
+        update is safeguarded), which the Gaussian blocks also do.
+        """
+        fam = layouts[i].fam
+        old = lam[i]
+        before = elbo(lam, key, fixed, only=i)
+        slack = _LINE_SEARCH_SLACK * (1.0 + jnp.abs(before))
+
+        def value(b):
+            cand = damped_update(fam, old, message, b)
+            return cand, elbo({**lam, i: cand}, key, fixed, only=i)
+
+        def bad(v):
+            return ~jnp.isfinite(v) | (v < before - slack)
+
+        def halve(carry):
+            b, k, _ = carry
+            return 0.5 * b, k + 1, value(0.5 * b)[1]
+
+        b0 = jnp.asarray(beta, jnp.result_type(float))
+        b, _, v = jax.lax.while_loop(
+            lambda c: (c[1] < _MAX_HALVINGS) & bad(c[2]), halve, (b0, 0, value(b0)[1])
+        )
+        ok = ~bad(v) | ~jnp.isfinite(before)
+        cand = value(b)[0]
+        return jax.tree_util.tree_map(lambda n, o: jnp.where(ok, n, o), cand, old)
 
     # ----------------------------------------------------------- init/step
     def init(rng_key) -> CVIState:
@@ -321,13 +374,22 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                     g = jax.tree_util.tree_map(lambda a, c=scale: a * c, g)
                 total = g if total is None else jax.tree_util.tree_map(jnp.add, total, g)
             beta = schedule.step_size_at(state.iteration, local=node.local)
-            lam[i] = damped_update(layouts[i].fam, lam[i], total, beta)
+            if i in safeguarded:
+                lam[i] = safeguarded_update(i, lam, total, beta, sweep_key, fixed)
+            else:
+                lam[i] = damped_update(layouts[i].fam, lam[i], total, beta)
         value = elbo(lam, elbo_key, fixed, block_elbos)
         natural = {n: _scatter(nodes[n], state.natural[n], lam[n], indices) for n in state.natural}
         new_state = CVIState(natural, key, state.iteration + 1, state.constant_messages)
         return new_state, CVIInfo(value)
 
     return CVIAlgorithm(init, step)
+
+
+# Backtracking of safeguarded node steps: at most this many halvings, and a
+# decrease of the node's ELBO terms within this relative slack counts as a tie.
+_MAX_HALVINGS = 10
+_LINE_SEARCH_SLACK = 1e-6
 
 
 def _local_message_scale(node, fplan) -> float:

@@ -44,12 +44,11 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 
-from ..analysis import classify as _classify
 from ..analysis.layout import site_posterior
 from ..engine.step import CVIState, cvi
-from ..plan.schedule import build_schedule
+from ..plan import schedule as _planner
 from .convergence import diagnose, report
-from .fit import _WINDOW, _chunk_runner
+from .fit import _WINDOW, _chunk_runner, posterior_of
 
 __all__ = ["CVI", "CVIRunState", "CVIRunResult"]
 
@@ -105,7 +104,7 @@ class _Carry(NamedTuple):
 class _Traced:
     """One trace of the model (per static arguments and array shapes)."""
 
-    graph: Any
+    schedule: Any  # the schedule planned with the traced data
     wrapped: tuple  # array arguments that are data inputs (hidden params)
     baked: dict  # array arguments traced as constants: name -> value
     plan: Any = None  # the latest _Plan built from this trace
@@ -134,17 +133,22 @@ class CVI:
             exact, 0.1 with Fisher-route messages, else 0.5).
         tol: convergence tolerance of :meth:`run` (default as ``fit``: 1e-6 for
             deterministic schedules, 1e-4 otherwise; 0 runs every step).
+        structure: as :func:`autocvi.fit`: ``"joint"`` (latents a factor couples
+            share one Gaussian q) or ``"mean-field"``.
 
     There is no guide argument: q is chosen by autocvi (one family per latent,
     Gaussian blocks where the structure allows); :meth:`guide` returns it as a
     guide for ``numpyro.infer.Predictive``.
     """
 
-    def __init__(self, model, *, num_samples: int = 16, step_size=None, tol=None):
+    def __init__(
+        self, model, *, num_samples: int = 16, step_size=None, tol=None, structure="joint"
+    ):
         self.model = model
         self.num_samples = num_samples
         self.step_size = step_size
         self.tol = tol
+        self.structure = structure
         self._traced: dict = {}
         self._plans: dict = {}
         self._next_id = 0
@@ -195,14 +199,19 @@ class CVI:
             # them for these data.
             consts = self._compiled(plan, "constants")(inputs)
             state = state._replace(constant_messages=consts)
-        exact = plan.schedule.deterministic
+        schedule = plan.schedule
+        exact = schedule.deterministic
+        subsampled = any(f.subsampled for f in schedule.factors.values())
         tol = self.tol if self.tol is not None else (1e-6 if exact else 1e-4)
-        runner = self._compiled(plan, ("run", float(tol)))
-        initial = state.natural
+        runner = self._compiled(plan, ("run", float(tol), subsampled))
+        # As fit: a resumed run may legitimately not move (it started at the optimum).
+        initial = state.natural if init_state is None else None
         carry, elbos, converged = _loop(runner, _Carry(state, inputs), num_steps, progress_bar)
         state = carry.cvi_state
-        layouts = {n: node.layout for n, node in plan.schedule.nodes.items()}
-        diagnostics = diagnose(elbos, initial, state.natural, layouts, plan.schedule.blocks, exact)
+        layouts = {n: node.layout for n, node in schedule.nodes.items()}
+        diagnostics = diagnose(
+            elbos, initial, state.natural, layouts, schedule.blocks, exact, subsampled
+        )
         report(diagnostics, elbos.size)
         run_state = CVIRunState(state, plan.id)
         return CVIRunResult(
@@ -220,21 +229,32 @@ class CVI:
         return {k: v for k, v in params.items() if not k.startswith(_DATA_PREFIX)}
 
     def get_posterior(self, state: CVIRunState) -> dict:
-        """Latent site -> q as a numpyro Distribution over the site's value (as ``fit``)."""
-        schedule = self._plan_of(state).schedule
-        natural = state.state.natural
-        return {
-            n: schedule.blocks[n].posterior(natural[n])
-            if n in schedule.blocks
-            else site_posterior(node.layout, natural[n])
-            for n, node in schedule.nodes.items()
-        }
+        """Latent site -> q as a numpyro Distribution over the site's value (as ``fit``).
+
+        Members of a joint Gaussian group get their marginals; :meth:`guide`
+        samples the group jointly.
+        """
+        return posterior_of(self._plan_of(state).schedule, state.state)
 
     def guide(self, state: CVIRunState):
         """q as a guide for ``numpyro.infer.Predictive`` (a :class:`~autocvi.infer.guide.CVIGuide`)."""
         from .guide import CVIGuide
 
-        return CVIGuide(self.get_posterior(state), model=self.model, source=self)
+        schedule = self._plan_of(state).schedule
+        natural = state.state.natural
+        joint = []
+        for group in schedule.joint:
+            lam = natural[group.name]
+            block = schedule.blocks.get(group.name)
+            q_z = (
+                block.posterior(lam)
+                if block is not None
+                else site_posterior(schedule.nodes[group.name].layout, lam)
+            )
+            joint.append((group, q_z))
+        return CVIGuide(
+            self.get_posterior(state), joint=joint, model=self.model, source=self, state=state
+        )
 
     def get_schedule(self, state: CVIRunState):
         """The :class:`~autocvi.plan.Schedule` a state belongs to (``print`` it)."""
@@ -293,18 +313,34 @@ class CVI:
         inputs = {_DATA_PREFIX + k: arrays[k] for k in traced.wrapped}
         plan = traced.plan
         if plan is None:
-            plan = self._new_plan(traced, traced.graph, inputs)
+            plan = self._new_plan(traced, traced.schedule, inputs)
         elif not plan.bound and not all(_same_array(plan.data[k], v) for k, v in inputs.items()):
             # Data baked into the plan changed: plan again from the cached trace.
-            values = {**traced.graph.example_values, **inputs}
-            plan = self._new_plan(traced, replace(traced.graph, _example_values=values), inputs)
+            plan = self._new_plan(traced, self._replan(traced.schedule, inputs), inputs)
         return plan, (inputs if plan.bound else {})
 
+    def _replan(self, base, inputs):
+        """``base`` planned again for other values of the hidden data params (no trace)."""
+        values = {**base.graph.example_values, **inputs}
+        graph = replace(base.graph, _example_values=values)
+        schedule = _planner.build_schedule(
+            graph, num_samples=self.num_samples, step_size=self.step_size
+        )
+        schedule.joint, schedule.notes, schedule.user_graph = (
+            base.joint,
+            base.notes,
+            base.user_graph,
+        )
+        return schedule
+
     def _trace(self, data, arrays) -> _Traced:
-        names = tuple(k for k, a in arrays.items() if a.ndim >= 1)
+        """Trace and plan (``autocvi.plan``, as ``fit``) with the array arguments as
+        hidden params, except those a latent's prior reads."""
+        names = tuple(arrays)
         try:
-            graph = self._trace_wrapped(data, arrays, names)
+            schedule = self._plan_wrapped(data, arrays, names)
             # Arguments a latent's own prior reads decide its layout: keep them constant.
+            graph = schedule.user_graph or schedule.graph
             hidden = {_DATA_PREFIX + k for k in names}
             in_priors = {
                 p[len(_DATA_PREFIX) :]
@@ -314,20 +350,25 @@ class CVI:
             }
             if in_priors:
                 names = tuple(k for k in names if k not in in_priors)
-                graph = self._trace_wrapped(data, arrays, names)
+                schedule = self._plan_wrapped(data, arrays, names)
         except Exception:  # noqa: BLE001 - the model needs concrete data: trace it as fit does
             names = ()
-            graph = self._trace_wrapped(data, arrays, names)
+            schedule = self._plan_wrapped(data, arrays, names)
         baked = {k: data[k] for k in arrays if k not in names}
-        return _Traced(graph, names, baked)
+        return _Traced(schedule, names, baked)
 
-    def _trace_wrapped(self, data, arrays, names):
+    def _plan_wrapped(self, data, arrays, names):
         model = _with_data_params(self.model, names) if names else self.model
         traced_data = {**data, **{k: arrays[k] for k in names}}
-        return _classify.trace(model, traced_data)
+        return _planner.plan(
+            model,
+            traced_data,
+            num_samples=self.num_samples,
+            step_size=self.step_size,
+            structure=self.structure,
+        )
 
-    def _new_plan(self, traced: _Traced, graph, inputs) -> _Plan:
-        schedule = build_schedule(graph, num_samples=self.num_samples, step_size=self.step_size)
+    def _new_plan(self, traced: _Traced, schedule, inputs) -> _Plan:
         # Gaussian blocks read their predictor matrices from the data when planned.
         bound = bool(traced.wrapped) and not schedule.blocks
         plan = _Plan(
@@ -397,13 +438,14 @@ def _compile(plan: _Plan, what):
 
         return jax.jit(step)
     if isinstance(what, tuple) and what[0] == "run":
+        _, tol, subsampled = what
 
         def run_step(carry: _Carry):
             with _Bound(schedule, carry.inputs):
                 new, info = algorithm.step(carry.cvi_state)
             return _Carry(new, carry.inputs), info
 
-        return _chunk_runner(run_step, what[1], schedule.deterministic)
+        return _chunk_runner(run_step, tol, schedule.deterministic, subsampled)
     raise ValueError(what)
 
 

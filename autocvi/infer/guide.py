@@ -8,7 +8,10 @@
 
 Called as a model, the guide draws every latent site of the model from q
 (``numpyro.sample(name, q_site)``), so ``Predictive`` runs it, then the model
-conditioned on its draws, exactly as with an ``AutoGuide``. q is already
+conditioned on its draws, exactly as with an ``AutoGuide``. The members of a
+joint Gaussian group (``plan()`` lists them) are drawn together: the group's
+vector is an auxiliary site and each member a ``Delta`` at its slice, as
+``AutoMultivariateNormal`` does, so their correlations are kept. q is already
 fitted: the guide has no ``numpyro.param`` sites, and the ``params`` argument of
 its methods (NumPyro's ``AutoGuide`` signature) only selects another state
 when it is a :class:`~autocvi.infer.cvi.CVIRunState` (or a ``CVIRunResult`` or
@@ -41,6 +44,7 @@ import numpyro.distributions as dist
 from jax.scipy.special import ndtri
 from numpyro.distributions import transforms as T
 
+from ..analysis.layout import site_posterior
 from ..blocks.gaussian_block import BlockPosterior
 
 __all__ = ["CVIGuide", "marginal_quantiles", "marginal_moments", "NUM_DRAWS"]
@@ -58,55 +62,94 @@ class CVIGuide:
 
     Args:
         posterior: latent site -> numpyro Distribution over the site's value
-            (``CVI.get_posterior(state)``, ``FitResult.posterior``), in model order.
+            (``CVI.get_posterior(state)``, ``FitResult.posterior``), in model order;
+            members of joint groups with their marginals.
+        joint: ``(group, q_z)`` per joint Gaussian group
+            (:class:`autocvi.analysis.joint.JointGroup` and q over its vector).
         model: the model (kept for reference, as ``AutoGuide.model``).
-        source: the :class:`~autocvi.infer.cvi.CVI` object, so that a
-            ``CVIRunState`` passed as ``params`` selects that state's q.
+        source, state: the :class:`~autocvi.infer.cvi.CVI` object and the
+            state the guide was made from, so that another ``CVIRunState``
+            passed as ``params`` selects that state's q.
     """
 
-    def __init__(self, posterior: dict, *, model=None, source=None):
+    def __init__(self, posterior: dict, *, joint=(), model=None, source=None, state=None):
         self.posterior = dict(posterior)
+        self.joint = tuple(joint)
         self.model = model
         self._source = source
+        self._state = state
 
     @classmethod
     def from_fit(cls, result, model=None) -> CVIGuide:
         """The guide of an :func:`autocvi.fit` result."""
-        return cls(result.posterior, model=model)
+        schedule, natural = result.schedule, result.state.natural
+        joint = []
+        for group in schedule.joint:
+            block = schedule.blocks.get(group.name)
+            lam = natural[group.name]
+            q_z = (
+                block.posterior(lam)
+                if block is not None
+                else site_posterior(schedule.nodes[group.name].layout, lam)
+            )
+            joint.append((group, q_z))
+        return cls(result.posterior, joint=joint, model=model)
 
     def __call__(self, *args, **kwargs) -> dict:
         """Draw every latent site from q (the model's arguments are not needed)."""
-        return {name: numpyro.sample(name, q) for name, q in self.posterior.items()}
+        out = {}
+        for group, q_z in self.joint:
+            z = numpyro.sample(group.name, q_z, infer={"is_auxiliary": True})
+            for m in group.members:
+                value = m.value(z)
+                out[m.name] = numpyro.sample(m.name, dist.Delta(value, event_dim=len(m.shape)))
+        for name, q in self.posterior.items():
+            if name not in out:
+                out[name] = numpyro.sample(name, q)
+        return out
 
-    def get_posterior(self, params=None) -> dict:
-        """Latent site -> q (a numpyro Distribution over the site's value)."""
+    def _resolve(self, params) -> CVIGuide:
+        """The guide of the state ``params`` names (itself for None or a dict)."""
         if params is None or isinstance(params, dict):
-            return dict(self.posterior)
-        if hasattr(params, "posterior"):  # FitResult
-            return dict(params.posterior)
+            return self
+        if hasattr(params, "posterior") and hasattr(params, "schedule"):  # FitResult
+            return CVIGuide.from_fit(params, self.model)
         state = getattr(params, "state", None)
         if hasattr(state, "plan"):  # CVIRunResult
             params = state
         if hasattr(params, "plan") and self._source is not None:  # CVIRunState
-            return self._source.get_posterior(params)
+            if params is self._state:
+                return self
+            return self._source.guide(params)
         raise TypeError(
             f"params must be None, a dict, a CVIRunState, a CVIRunResult or a FitResult; "
             f"got {type(params).__name__}"
         )
 
+    def get_posterior(self, params=None) -> dict:
+        """Latent site -> q (a numpyro Distribution over the site's value; marginals
+        for the members of joint groups)."""
+        return dict(self._resolve(params).posterior)
+
     def sample_posterior(self, rng_key, params=None, *args, sample_shape=(), **kwargs) -> dict:
-        """Draws of every latent site: site -> array ``sample_shape + site shape``.
+        """Draws of every latent site: site -> array ``sample_shape + site shape``
+        (joint groups drawn jointly).
 
         Only the latent sample sites; run ``Predictive`` for deterministic and
         observed sites.
         """
         if isinstance(rng_key, int):
             rng_key = jax.random.PRNGKey(rng_key)
-        posterior = self.get_posterior(params)
-        keys = jax.random.split(rng_key, max(len(posterior), 1))
-        return {
-            name: q.sample(k, tuple(sample_shape)) for k, (name, q) in zip(keys, posterior.items())
-        }
+        guide = self._resolve(params)
+        sample_shape = tuple(sample_shape)
+        keys = jax.random.split(rng_key, len(guide.posterior) + len(guide.joint) + 1)
+        out = {}
+        for k, (group, q_z) in zip(keys, guide.joint):
+            out.update(group.values(q_z.sample(k, sample_shape)))
+        for k, (name, q) in zip(keys[len(guide.joint) :], guide.posterior.items()):
+            if name not in out:
+                out[name] = q.sample(k, sample_shape)
+        return {name: out[name] for name in guide.posterior}
 
     def median(self, params=None) -> dict:
         """Posterior median of every element of every latent site (exact when possible)."""
