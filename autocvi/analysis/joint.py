@@ -43,7 +43,7 @@ from numpyro import handlers
 from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
 
-from ..model.coordinates import JointCoordinates
+from ..model.coordinates import MEMBER_FLAG, JointCoordinates
 from ..model.graph import FactorGraph
 from .layout import LatentLayout
 
@@ -226,7 +226,7 @@ def joint_model(model, groups: list[JointGroup]):
             z = numpyro.sample(g.name, JointCoordinates(jnp.zeros((g.dim,))))
             vectors[g.name] = z
             values.update(g.values(z))
-        with handlers.condition(data=values):
+        with handlers.condition(data=values), _MarkMembers(set(values)):
             out = model(*args, **kwargs)
         for g in groups:
             if any(m.transform is not None for m in g.members):
@@ -234,6 +234,18 @@ def joint_model(model, groups: list[JointGroup]):
         return out
 
     return wrapped
+
+
+class _MarkMembers(numpyro.primitives.Messenger):
+    """Marks the members' sites (``MEMBER_FLAG``): conditioned, but latents of the user's model."""
+
+    def __init__(self, names):
+        self.names = names
+        super().__init__()
+
+    def process_message(self, msg):
+        if msg["type"] == "sample" and msg["name"] in self.names:
+            msg["infer"] = {**(msg.get("infer") or {}), MEMBER_FLAG: True}
 
 
 def member_posteriors(group: JointGroup, q_z) -> dict:

@@ -5,7 +5,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 from numpyro.distributions import Distribution, constraints
 
-__all__ = ["JointCoordinates"]
+__all__ = ["JointCoordinates", "MEMBER_FLAG"]
+
+# ``msg["infer"][MEMBER_FLAG]`` marks a latent site that a rewritten model conditions
+# on a slice of a joint vector: still a latent of the user's model.
+MEMBER_FLAG = "autocvi_joint_member"
 
 
 class JointCoordinates(Distribution):

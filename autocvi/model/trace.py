@@ -21,9 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 from numpyro import handlers
-from numpyro.distributions import constraints
+from numpyro.distributions import Distribution, MaskedDistribution, constraints
 
 from ..families.base import unwrap_distribution
+from .coordinates import MEMBER_FLAG
 from .graph import FactorGraph, FactorNode, ParamNode, PlateInfo, VariableNode
 
 __all__ = ["trace_model", "ModelError", "base_distribution", "support_name"]
@@ -46,14 +47,33 @@ class _SiteRecorder(numpyro.primitives.Messenger):
 
 
 class _ObservedAsArray(numpyro.primitives.Messenger):
-    """Turns observed values given as lists, tuples or scalars into JAX arrays.
+    """Puts sites in the form the analysis expects.
 
-    NumPyro passes ``obs`` through unchanged, and a Python list breaks the
-    distribution's ``log_prob`` once the parameters are traced.
+    * Observed values given as lists, tuples or scalars become JAX arrays
+      (NumPyro passes ``obs`` through unchanged, and a Python list breaks the
+      distribution's ``log_prob`` once the parameters are traced).
+    * A latent site masked by a constant array (``obs_mask`` creates
+      ``<name>_unobserved`` masked to the missing entries) has elements that no
+      density constrains; they get a standard-normal placeholder density
+      (:class:`MaskedPlaceholder`), so q stays proper. Nothing else reads them,
+      so at the optimum q is N(0, 1) there and adds exactly 0 to the ELBO.
     """
 
     def process_message(self, msg):
-        if msg["type"] == "sample" and msg["is_observed"]:
+        if msg["type"] != "sample":
+            return
+        latent = not msg["is_observed"] or (msg.get("infer") or {}).get(MEMBER_FLAG, False)
+        if latent:
+            fn = msg["fn"]
+            mask = getattr(fn, "_mask", None)
+            if (
+                isinstance(fn, MaskedDistribution)
+                and isinstance(mask, (np.ndarray, jax.Array))
+                and not isinstance(mask, jax.core.Tracer)
+                and not bool(np.all(np.asarray(mask)))
+            ):
+                msg["fn"] = MaskedPlaceholder(fn.base_dist, jnp.asarray(mask))
+        if msg["is_observed"]:
             value = msg["value"]
             if value is not None and not isinstance(value, (jax.Array, np.ndarray)):
                 try:
@@ -63,6 +83,36 @@ class _ObservedAsArray(numpyro.primitives.Messenger):
                         f"observed value of site {msg['name']!r} is a {type(value).__name__} "
                         f"that cannot be made into an array ({err}). Pass a numpy or JAX array."
                     ) from err
+
+
+class MaskedPlaceholder(Distribution):
+    """``base`` where ``mask`` is True, an independent N(0, 1) elsewhere (per batch element)."""
+
+    arg_constraints = {}
+    pytree_data_fields = ("base", "mask")
+
+    def __init__(self, base, mask):
+        self.base, self.mask = base, mask
+        batch_shape = jnp.broadcast_shapes(base.batch_shape, jnp.shape(mask))
+        super().__init__(batch_shape=batch_shape, event_shape=base.event_shape)
+
+    @property
+    def support(self):
+        return self.base.support
+
+    def sample(self, key, sample_shape=()):
+        return self.base.expand(self.batch_shape).sample(key, sample_shape)
+
+    def log_prob(self, value):
+        event_axes = tuple(range(-len(self.event_shape), 0))
+        placeholder = _standard_normal_log_density(value)
+        if event_axes:
+            placeholder = jnp.sum(placeholder, axis=event_axes)
+        return jnp.where(self.mask, self.base.log_prob(value), placeholder)
+
+
+def _standard_normal_log_density(value):
+    return -0.5 * value * value - 0.5 * jnp.log(2.0 * jnp.pi)
 
 
 def trace_model(
