@@ -36,6 +36,13 @@ def initial_natural(schedule: Schedule, rng_key) -> dict:
         if name in schedule.blocks:
             natural[name] = schedule.blocks[name].init_sites()
             continue
+        if lay.discrete:
+            # Random responsibilities per element (a Dirichlet(1) draw): the
+            # continuous nodes are updated first from them, which breaks the
+            # symmetry of mixture components and topics differently per rng_key
+            # (a prior draw of the weights is the same for every element).
+            natural[name] = _full_size(node, _random_responsibilities(lay, sub))
+            continue
         draw = lay.from_site(values[name])
         if lay.family in ("Unconstrained", "Joint"):
             natural[name] = _full_size(node, _gaussian_at(lay, draw, _UNCONSTRAINED_INIT_VAR))
@@ -89,3 +96,12 @@ def _gaussian_at(lay, mean, var):
         prec = jnp.broadcast_to(jnp.eye(d, dtype=mean.dtype) / var, mean.shape + (d,))
         return (mean / var, -0.5 * prec)
     return (mean / var, jnp.full(mean.shape, -0.5 / var, mean.dtype))
+
+
+def _random_responsibilities(lay, key):
+    """Natural parameters of a Categorical / Bernoulli q with Dirichlet(1) probabilities."""
+    if lay.q_family == "Categorical":
+        shape = lay.family_shape + (lay.num_categories,)
+        return (jnp.log(jax.random.dirichlet(key, jnp.ones(shape[-1:]), shape[:-1])),)
+    p = jax.random.uniform(key, lay.family_shape, minval=0.05, maxval=0.95)
+    return (jnp.log(p) - jnp.log1p(-p),)

@@ -158,6 +158,11 @@ def fit(
         progress_bar=progress_bar,
         subsampled=subsampled,
     )
+    if converged and not exact:
+        # Monte Carlo messages leave the iterates jittering around the fixed
+        # point; their average over 2 * WINDOW more iterations (Polyak-Ruppert
+        # averaging, in natural parameters) is a far less noisy answer.
+        state = average_iterates(algorithm.step, state, 2 * _WINDOW)
     layouts = {n: node.layout for n, node in schedule.nodes.items()}
     diagnostics = diagnose(
         elbos, initial, state.natural, layouts, schedule.blocks, exact, subsampled
@@ -234,6 +239,30 @@ def run_loop(
     if bar is not None:
         bar.close()
     return state, np.asarray(elbos), converged, time.perf_counter() - start
+
+
+def average_iterates(step, state, num_steps: int):
+    """``num_steps`` more iterations; the state's natural parameters become their mean.
+
+    Averaging natural parameters is averaging the exponential-family
+    distributions' log densities (up to normalisation), which stays inside
+    every family's domain (the domains are convex).
+    """
+
+    @jax.jit
+    def run(state):
+        def body(carry, _):
+            state, total = carry
+            state, _ = step(state)
+            total = jax.tree_util.tree_map(jnp.add, total, state.natural)
+            return (state, total), None
+
+        zero = jax.tree_util.tree_map(jnp.zeros_like, state.natural)
+        (state, total), _ = jax.lax.scan(body, (state, zero), None, num_steps)
+        mean = jax.tree_util.tree_map(lambda t: t / num_steps, total)
+        return state._replace(natural=mean)
+
+    return run(state)
 
 
 def _chunk_runner(step, tol: float, exact: bool, subsampled: bool = False):

@@ -332,11 +332,15 @@ def build_schedule(
             )
         nodes[name] = NodePlan(name, lay, tuple(incoming), sub_axes)
 
-    # Discrete nodes first: their closed-form messages then seed the others
-    # (the usual responsibilities-first order for mixtures and topic models);
-    # then local nodes of subsampled plates, then globals (stochastic VI order).
+    # Local nodes of subsampled plates first (stochastic VI order), then the
+    # continuous globals, then discrete nodes: the globals' first update reads
+    # the discrete nodes' random initial responsibilities (engine/init.py),
+    # which breaks the symmetry of mixture components and topics; updating
+    # responsibilities first from prior-draw components merged clusters.
     def rank(n):
-        return 0 if layouts[n].discrete else (1 if nodes[n].local else 2)
+        if nodes[n].local:
+            return 0
+        return 2 if layouts[n].discrete else 1
 
     order = tuple(sorted(layouts, key=rank))
     blocks = {}
