@@ -524,3 +524,41 @@ def test_minibatch_reaches_full_batch_answer():
     # forgotten as prod(1 - beta_t)
     np.testing.assert_allclose(q.scale, sd, rtol=10 * np.prod(1 - betas) + 1e-8)
     assert abs(float(q.loc) - mean) < 4 * mc_sd, (float(q.loc), mean, mc_sd, sd)
+
+
+# --------------------------------------------------------------------------
+# Families are matched by isinstance (registry), not by class name
+# --------------------------------------------------------------------------
+
+
+def chi2_precision(y=None):
+    tau = numpyro.sample("tau", dist.Chi2(4.0))
+    with numpyro.plate("N", y.shape[0]):
+        numpyro.sample("y", dist.Normal(0.0, 1.0 / jnp.sqrt(tau)), obs=y)
+
+
+def test_chi2_prior_is_a_gamma_node_with_the_closed_form_posterior():
+    """Chi2(k) = Gamma(k/2, rate 1/2) (a numpyro subclass of Gamma): it used to be
+    'Unconstrained' because its class name is not 'Gamma'. Oracle: the conjugate
+    Gamma posterior Gamma(k/2 + N/2, 1/2 + sum y^2 / 2)."""
+    y = np.random.default_rng(0).normal(0.0, 0.7, size=25)
+    assert plan(chi2_precision, dict(y=y)).nodes["tau"].layout.family == "Gamma"
+    r = one_step(chi2_precision, dict(y=y))
+    q = r.posterior["tau"]
+    np.testing.assert_allclose(q.concentration, 2.0 + 12.5, rtol=1e-10)
+    np.testing.assert_allclose(q.rate, 0.5 + 0.5 * np.sum(y**2), rtol=1e-10)
+
+
+def beta_proportion_coin(y=None):
+    p = numpyro.sample("p", dist.BetaProportion(0.3, 10.0))
+    with numpyro.plate("N", y.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(probs=p), obs=y)
+
+
+def test_beta_proportion_prior_is_a_beta_node_with_the_closed_form_posterior():
+    """BetaProportion(mean, k) = Beta(mean k, (1 - mean) k): a Beta subclass."""
+    y = np.array([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    assert plan(beta_proportion_coin, dict(y=y)).nodes["p"].layout.family == "Beta"
+    q = one_step(beta_proportion_coin, dict(y=y)).posterior["p"]
+    np.testing.assert_allclose(q.concentration1, 3.0 + 4.0, rtol=1e-10)
+    np.testing.assert_allclose(q.concentration0, 7.0 + 2.0, rtol=1e-10)

@@ -22,6 +22,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from numpyro import distributions as dist
 from numpyro.distributions import MultivariateNormal, TransformedDistribution
 from numpyro.distributions.transforms import ReshapeTransform, biject_to
 
@@ -30,23 +31,16 @@ from ..model.coordinates import JointCoordinates
 
 __all__ = ["LatentLayout", "GAUSSIAN_PRIORS", "make_layout", "site_posterior"]
 
-# Priors whose density is Gaussian in the site's value.
-GAUSSIAN_PRIORS = frozenset(
-    {"Normal", "MultivariateNormal", "GaussianRandomWalk", "LowRankMultivariateNormal"}
+# Priors whose density is Gaussian in the site's value (isinstance, so subclasses
+# count too).
+GAUSSIAN_PRIORS = (
+    dist.Normal,
+    dist.MultivariateNormal,
+    dist.GaussianRandomWalk,
+    dist.LowRankMultivariateNormal,
 )
 # Largest MultivariateNormal prior that is whitened with a dense Cholesky factor.
 _MAX_WHITENED_DIM = 5000
-# Prior class name -> family name, for the exponential-family priors.
-_PRIOR_FAMILY = {
-    "Gamma": "Gamma",
-    "Exponential": "Gamma",
-    "Beta": "Beta",
-    "Dirichlet": "Dirichlet",
-    "CategoricalProbs": "Categorical",
-    "CategoricalLogits": "Categorical",
-    "BernoulliProbs": "Bernoulli",
-    "BernoulliLogits": "Bernoulli",
-}
 
 
 @dataclass(frozen=True)
@@ -160,7 +154,6 @@ def make_layout(
 
     shape = tuple(jnp.shape(value))
     base = families.unwrap_distribution(prior)
-    kind = type(base).__name__
     # Leading axes that are plates or size-1 broadcast axes: q factorises over them.
     plate_ndim = 0
     while plate_ndim < len(batch_shape) and (
@@ -174,9 +167,9 @@ def make_layout(
         # The unconstrained coordinates of a joint group (autocvi.analysis.joint):
         # one Gaussian over all of them.
         return LatentLayout(name, "Joint", "MultivariateNormal", shape, 0, shape)
-    if kind in GAUSSIAN_PRIORS:
+    if isinstance(base, GAUSSIAN_PRIORS):
         if (
-            kind == "MultivariateNormal"
+            isinstance(base, dist.MultivariateNormal)
             and constant_prior
             and len(inner) == 1
             and inner[0] <= _MAX_WHITENED_DIM
@@ -200,7 +193,10 @@ def make_layout(
                 plate_shape + (math.prod(inner),),
             )
         return LatentLayout(name, "Normal", "Normal", shape, plate_ndim, shape)
-    fam = _PRIOR_FAMILY.get(kind)
+    # Exponential-family priors: the family registry matches by isinstance
+    # (Chi2 -> Gamma, BetaProportion -> Beta, Exponential -> Gamma, ...).
+    family = families.family_for_distribution(prior)
+    fam = None if family is None else family.name
     if fam == "Categorical":
         k = int(jnp.shape(base.probs if hasattr(base, "probs") else base.logits)[-1])
         return LatentLayout(name, fam, fam, shape, plate_ndim, shape, num_categories=k)
