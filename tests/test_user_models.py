@@ -100,11 +100,9 @@ def test_hierarchical_glm_written_centred_fits():
     model, data = user_models.hierarchical_logit()
     result, _ = fit_quietly(model, data)
     assert "q(mu,a)" in str(result.schedule)
-    ref = reference("hierarchical_logit")
-    if ref["settings"].get("data_version") != "numpy-simulated":
-        pytest.skip("reference predates the float32-independent data; regenerate it")
-    z, _ = scores(result, ref)
-    assert z.max() < 0.5
+    z, ratio = scores(result, reference("hierarchical_logit"))
+    assert result.converged
+    assert z.max() < 0.3, z
 
 
 def test_separate_intercept_with_studentt_likelihood():
