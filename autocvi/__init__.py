@@ -7,6 +7,7 @@ Layers (each imports only from the ones before it; ``tests/test_layers.py``):
 ``families`` -> ``model`` -> ``analysis`` -> ``blocks`` -> ``plan`` -> ``engine`` -> ``infer``.
 """
 
+from . import datasets
 from .analysis import trace
 from .engine import CVIInfo, CVIState, cvi
 from .infer import CVI, CVIGuide, CVIRunResult, CVIRunState, FitResult, fit, print_summary
@@ -22,6 +23,7 @@ from .model import (
 from .plan import Schedule, plan
 
 __all__ = [
+    "datasets",
     "trace",
     "plan",
     "fit",

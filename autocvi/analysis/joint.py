@@ -11,7 +11,9 @@ are declared:
   when some factor is not conjugate to it (a Gamma concentration of a negative
   binomial, say); an exponential-family latent whose every factor is
   conjugate (a Gamma precision, a Dirichlet) keeps its exact VMP updates, and
-  discrete latents keep their closed-form messages;
+  discrete latents keep their closed-form messages; a group with no Gaussian
+  member (the Gamma factors of a Poisson-gamma factorisation) is not formed:
+  those nodes keep their families and Fisher-route messages, as in the papers;
 * two candidates belong to one group when a factor touches both and is either
   not conjugate to one of them, or conjugate to both as Gaussians (a shared
   Gaussian likelihood, or a hierarchical prior ``a ~ Normal(mu, 1)``);
@@ -176,6 +178,11 @@ def find_joint_groups(
         roots.setdefault(find(n), []).append(n)
     groups, notes = [], []
     for members in roots.values():
+        if not any(layouts[n].q_family in _GAUSSIAN_Q for n in members):
+            # Only non-Gaussian exponential-family nodes (the Gamma factors of a
+            # Poisson-gamma factorisation): they keep their own families and
+            # Fisher-route messages (CVI App. F, J, K), as the papers do.
+            continue
         if len(members) == 1 and members[0] not in coupled_elements:
             continue
         if len(members) == 1 and not graph.variables[members[0]].plates:

@@ -14,6 +14,9 @@
 Model arguments are passed as to ``SVI``: positional arguments are bound to the
 model's signature. Conventions follow NumPyro: ``losses`` are negative ELBOs
 (``update`` and ``evaluate`` return the ELBO itself, as ``fit`` reports it).
+Planning, the step and the stopping rule are ``fit``'s (``autocvi.plan`` with
+the same ``structure``; ``fit``'s compiled chunk runner and health checks), so
+``CVI(model).run(key, n, **data)`` and ``fit(model, data)`` give the same q.
 
 Data as inputs. The model is traced and planned once per shape of its array
 arguments: every array argument (ndim >= 1) enters the trace as a hidden
@@ -48,7 +51,7 @@ from ..analysis.layout import site_posterior
 from ..engine.step import CVIState, cvi
 from ..plan import schedule as _planner
 from .convergence import diagnose, report
-from .fit import _WINDOW, _chunk_runner, posterior_of
+from .fit import _WINDOW, _chunk_runner, average_iterates, posterior_of
 
 __all__ = ["CVI", "CVIRunState", "CVIRunResult"]
 
@@ -208,6 +211,10 @@ class CVI:
         initial = state.natural if init_state is None else None
         carry, elbos, converged = _loop(runner, _Carry(state, inputs), num_steps, progress_bar)
         state = carry.cvi_state
+        if converged and not exact:
+            # As fit: average the jittering iterates of Monte Carlo messages
+            # (Polyak-Ruppert, 2 * WINDOW more iterations).
+            state = self._compiled(plan, "average")(state, inputs)
         layouts = {n: node.layout for n, node in schedule.nodes.items()}
         diagnostics = diagnose(
             elbos, initial, state.natural, layouts, schedule.blocks, exact, subsampled
@@ -437,6 +444,16 @@ def _compile(plan: _Plan, what):
             return new, info.elbo
 
         return jax.jit(step)
+    if what == "average":
+
+        def average(state, inputs):
+            def step(s):
+                with _Bound(schedule, inputs):
+                    return algorithm.step(s)
+
+            return average_iterates(step, state, 2 * _WINDOW)
+
+        return jax.jit(average)
     if isinstance(what, tuple) and what[0] == "run":
         _, tol, subsampled = what
 
