@@ -1,0 +1,312 @@
+"""``autocvi.CVI``, ``CVIGuide`` and ``print_summary`` against NumPyro's conventions and closed forms.
+
+Oracles: the closed-form posterior and log evidence of Bayesian linear
+regression with known noise (Normal priors on the weights and the intercept,
+which autocvi fits as one joint Gaussian), scipy's Normal
+quantiles, NumPyro's own ``SVI`` + ``AutoNormal`` + ``Predictive`` for what a
+guide returns, and Monte Carlo draws of q for the mapped quantiles.
+
+Runs in float64 (the ``float64`` marker; ``tests/conftest.py`` decides precision).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.distributions import constraints
+from numpyro.distributions import transforms as T
+from numpyro.infer import SVI, Predictive, Trace_ELBO
+from numpyro.infer.autoguide import AutoNormal
+from scipy.stats import multivariate_normal, norm
+
+import autocvi
+from autocvi.analysis import classify as classify_module
+from autocvi.infer.guide import marginal_quantiles
+from autocvi.plan import schedule as schedule_module
+
+pytestmark = pytest.mark.float64
+
+TAU, SIGMA, N, D = 2.0, 0.5, 40, 10
+
+
+def linear(X, y=None):
+    """y ~ N(X w + b, noise^2), w ~ N(0, TAU^2 I), b ~ N(0, TAU^2); noise a
+    numpyro.param (a fixed hyperparameter in CVI)."""
+    noise = numpyro.param("noise", jnp.asarray(SIGMA), constraint=constraints.positive)
+    w = numpyro.sample("w", dist.Normal(0.0, TAU).expand([X.shape[1]]).to_event(1))
+    b = numpyro.sample("b", dist.Normal(0.0, TAU))
+    with numpyro.plate("N", X.shape[0]):
+        return numpyro.sample("y", dist.Normal(X @ w + b, noise), obs=y)
+
+
+def make_data(seed):
+    rng = np.random.RandomState(seed)
+    X = rng.randn(N, D) + 0.5  # non-centred columns: b and w are correlated a posteriori
+    y = X @ rng.randn(D) + 1.0 + SIGMA * rng.randn(N)
+    return X, y
+
+
+def closed_form(X, y):
+    """Posterior mean and covariance of (w, b) (b last), and the log evidence log p(y | X)."""
+    Xa = np.c_[X, np.ones(len(X))]
+    cov = np.linalg.inv(np.eye(D + 1) / TAU**2 + Xa.T @ Xa / SIGMA**2)
+    mean = cov @ Xa.T @ y / SIGMA**2
+    log_z = multivariate_normal(np.zeros(N), TAU**2 * Xa @ Xa.T + SIGMA**2 * np.eye(N)).logpdf(y)
+    return mean, cov, log_z
+
+
+def count_traces(monkeypatch):
+    """Record every trace of a model (``plan`` traces through its own import)."""
+    calls = []
+    for module in (classify_module, schedule_module):
+        original = module.trace
+
+        def counting(*args, original=original, **kwargs):
+            calls.append(1)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, "trace", counting)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    X, y = make_data(0)
+    cvi = autocvi.CVI(linear)
+    result = cvi.run(jax.random.PRNGKey(0), 50, X, y=y)
+    return cvi, X, y, result
+
+
+def test_run_gives_closed_form(fitted):
+    cvi, X, y, result = fitted
+    mean, cov, log_z = closed_form(X, y)
+    assert isinstance(result, autocvi.CVIRunResult)
+    params, state, losses = result[:3]  # unpacks like numpyro's SVIRunResult
+    q = cvi.get_posterior(state)
+    np.testing.assert_allclose(q["w"].mean, mean[:D], rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(q["w"].covariance_matrix, cov[:D, :D], rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(q["b"].mean, mean[D], rtol=1e-8)
+    np.testing.assert_allclose(q["b"].variance, cov[D, D], rtol=1e-8)
+    assert result.converged and result.num_steps == result.elbo.size == losses.size
+    np.testing.assert_allclose(result.elbo[-1], log_z, rtol=1e-10)
+    np.testing.assert_array_equal(losses, -result.elbo)  # NumPyro: loss = -ELBO
+    # params: the model's numpyro.param values, as SVI.get_params (no hidden data sites)
+    assert set(params) == {"noise"} and float(params["noise"]) == SIGMA
+    assert cvi.get_params(state).keys() == params.keys()
+
+
+def test_update_and_evaluate_agree_with_run(fitted):
+    cvi, X, y, result = fitted
+    state = cvi.init(jax.random.PRNGKey(1), X, y=y)
+    assert isinstance(state, autocvi.CVIRunState)
+    for _ in range(5):
+        state, elbo = cvi.update(state, X, y=y)
+    np.testing.assert_allclose(float(elbo), result.elbo[-1], rtol=1e-10)
+    np.testing.assert_allclose(
+        cvi.get_posterior(state)["w"].mean, closed_form(X, y)[0][:D], rtol=1e-8
+    )
+    # evaluate: the ELBO at the state (a step of size 0)
+    assert cvi.evaluate(result.state, X, y=y) == pytest.approx(result.elbo[-1], rel=1e-10)
+    assert isinstance(cvi.evaluate(state, X, y=y), float)
+
+
+def test_positional_and_keyword_arguments(fitted):
+    cvi, X, y, result = fitted
+    expected = cvi.get_posterior(result.state)["w"].mean
+    for args, kwargs in [((X, y), {}), ((), {"X": X, "y": y})]:
+        r = cvi.run(jax.random.PRNGKey(0), 50, *args, **kwargs)
+        np.testing.assert_allclose(cvi.get_posterior(r.state)["w"].mean, expected, rtol=1e-8)
+    with pytest.raises(TypeError):
+        cvi.run(jax.random.PRNGKey(0), 50, X, y, "extra")
+
+
+def test_update_with_other_data_than_init(fitted):
+    """The data-only messages the engine caches follow the data passed to update."""
+    cvi, X, y, _ = fitted
+    X1, y1 = make_data(1)
+    state = cvi.init(jax.random.PRNGKey(0), X, y=y)
+    for _ in range(3):
+        state, _ = cvi.update(state, X1, y=y1)
+    mean, cov, log_z = closed_form(X1, y1)
+    np.testing.assert_allclose(cvi.get_posterior(state)["w"].mean, mean[:D], rtol=1e-8)
+    assert cvi.evaluate(state, X1, y=y1) == pytest.approx(log_z, rel=1e-10)
+
+
+def test_second_init_reuses_the_trace(fitted, monkeypatch):
+    cvi, X, y, result = fitted
+    calls = count_traces(monkeypatch)
+    X2, y2 = make_data(2)
+    state = cvi.init(jax.random.PRNGKey(0), X2, y=y2)
+    r = cvi.run(None, 50, X2, y=y2, init_state=state)
+    assert calls == []  # neither traced nor planned again
+    assert r.state.plan == result.state.plan  # same plan and compiled functions
+    mean, cov, log_z = closed_form(X2, y2)
+    q = cvi.get_posterior(r.state)
+    np.testing.assert_allclose(q["w"].mean, mean[:D], rtol=1e-8)
+    np.testing.assert_allclose(q["w"].covariance_matrix, cov[:D, :D], rtol=1e-8)
+    np.testing.assert_allclose(q["b"].mean, mean[D], rtol=1e-8)
+    np.testing.assert_allclose(r.elbo[-1], log_z, rtol=1e-10)
+    # the first state still gives its own posterior
+    np.testing.assert_allclose(
+        cvi.get_posterior(result.state)["w"].mean, closed_form(X, y)[0][:D], rtol=1e-8
+    )
+    # other shapes: traced again
+    cvi.init(jax.random.PRNGKey(0), X2[:30], y=y2[:30])
+    assert len(calls) >= 1
+
+
+def test_predictive_like_autonormal(fitted):
+    cvi, X, y, result = fitted
+    n = 2000
+    svi = SVI(linear, AutoNormal(linear), numpyro.optim.Adam(0.05), Trace_ELBO())
+    svi_result = svi.run(jax.random.PRNGKey(0), 5, X, y=y, progress_bar=False)
+    key = jax.random.PRNGKey(3)
+    expected = Predictive(linear, guide=svi.guide, params=svi_result.params, num_samples=n)(key, X)
+    guide = cvi.guide(result.state)
+    got = Predictive(linear, guide=guide, params=result.params, num_samples=n)(key, X)
+    assert {k: v.shape for k, v in got.items()} == {k: v.shape for k, v in expected.items()}
+    assert set(got) == {"y"}  # NumPyro returns the sites the guide did not sample
+    got = Predictive(
+        linear, guide=guide, params=result.params, num_samples=n, return_sites=["w", "b", "y"]
+    )(key, X)
+    assert got["w"].shape == (n, D) and got["b"].shape == (n,)
+    assert got["y"].shape == expected["y"].shape == (n, N)
+    # moments within Monte Carlo error of the closed form, correlations included
+    # (w and b are one joint Gaussian, drawn together)
+    mean, cov, _ = closed_form(X, y)
+    sd = np.sqrt(np.diag(cov))
+    wb = np.c_[np.asarray(got["w"]), np.asarray(got["b"])]
+    assert np.all(np.abs(wb.mean(0) - mean) < 5 * sd / np.sqrt(n))
+    assert np.all(np.abs(wb.std(0) / sd - 1) < 5 / np.sqrt(2 * n))
+    corr = cov[:D, D] / sd[:D] / sd[D]
+    assert np.max(np.abs(corr)) > 0.5
+    sample_corr = np.corrcoef(wb, rowvar=False)[:D, D]
+    assert np.all(np.abs(sample_corr - corr) < 5 * (1 - corr**2) / np.sqrt(n))
+    # posterior predictive: y = X w + b + noise
+    Xa = np.c_[X, np.ones(N)]
+    pred_mean, pred_sd = Xa @ mean, np.sqrt(np.einsum("nd,de,ne->n", Xa, cov, Xa) + SIGMA**2)
+    ys = np.asarray(got["y"])
+    assert np.all(np.abs(ys.mean(0) - pred_mean) < 5 * pred_sd / np.sqrt(n))
+    assert np.all(np.abs(ys.std(0) / pred_sd - 1) < 5 / np.sqrt(2 * n))
+    # AutoGuide.sample_posterior's signature and shapes (joint draws too)
+    samples = guide.sample_posterior(key, result.params, X, sample_shape=(n,))
+    assert {k: v.shape for k, v in samples.items()} == {"w": (n, D), "b": (n,)}
+    sample_corr = np.corrcoef(np.c_[samples["w"], samples["b"]], rowvar=False)[:D, D]
+    assert np.all(np.abs(sample_corr - corr) < 5 * (1 - corr**2) / np.sqrt(n))
+
+
+def test_quantiles_and_median_of_a_normal_q(fitted):
+    cvi, X, y, result = fitted
+    mean, cov, _ = closed_form(X, y)
+    sd = np.sqrt(np.diag(cov))
+    guide = cvi.guide(result.state)
+    probs = [0.05, 0.25, 0.5, 0.95]
+    quants = guide.quantiles(result.params, probs)
+    assert quants["w"].shape == (len(probs), D) and quants["b"].shape == (len(probs),)
+    expected = norm.ppf(np.asarray(probs)[:, None], mean, sd)
+    np.testing.assert_allclose(quants["w"], expected[:, :D], rtol=1e-8)
+    np.testing.assert_allclose(quants["b"], expected[:, D], rtol=1e-8)
+    np.testing.assert_allclose(guide.median()["w"], mean[:D], rtol=1e-8)
+    # params may also be a CVIRunState / CVIRunResult
+    np.testing.assert_allclose(guide.median(result.state)["b"], mean[D], rtol=1e-8)
+    np.testing.assert_allclose(guide.median(result)["w"], mean[:D], rtol=1e-8)
+
+
+def scale_model(y):
+    s = numpyro.sample("s", dist.HalfNormal(2.0))
+    with numpyro.plate("N", y.shape[0]):
+        numpyro.sample("y", dist.Normal(0.0, s), obs=y)
+
+
+def test_quantiles_of_a_positive_site_are_mapped():
+    y = 1.5 * np.random.RandomState(3).randn(30)
+    cvi = autocvi.CVI(scale_model)
+    state = cvi.init(jax.random.PRNGKey(0), y)
+    for _ in range(30):  # Monte Carlo messages for s: SVI-style stepping
+        state, elbo = cvi.update(state, y)
+    assert np.isfinite(elbo)
+    q = cvi.get_posterior(state)["s"]
+    # q on the positive reals: a Normal pushed through exp (a log-normal)
+    assert isinstance(q, dist.TransformedDistribution)
+    assert isinstance(q.base_dist, dist.Normal)
+    loc, scale = float(q.base_dist.loc), float(q.base_dist.scale)
+    guide = cvi.guide(state)
+    probs = np.array([0.05, 0.5, 0.95])
+    quants = np.asarray(guide.quantiles(quantiles=probs)["s"])
+    np.testing.assert_allclose(quants, np.exp(norm.ppf(probs, loc, scale)), rtol=1e-10)
+    assert np.all(np.diff(quants) > 0)
+    np.testing.assert_allclose(guide.median()["s"], np.exp(loc), rtol=1e-10)
+    draws = np.asarray(q.sample(jax.random.PRNGKey(1), (8000,)))
+    np.testing.assert_allclose(quants, np.quantile(draws, probs), rtol=0.02)
+    # print_summary's moments: those of the log-normal
+    stats = autocvi.infer.summary.summary(guide)["s"]
+    np.testing.assert_allclose(stats["mean"], np.exp(loc + scale**2 / 2), rtol=1e-8)
+    lognormal_var = (np.exp(scale**2) - 1) * np.exp(2 * loc + scale**2)
+    np.testing.assert_allclose(stats["std"], np.sqrt(lognormal_var), rtol=1e-8)
+
+
+def test_quantiles_through_a_decreasing_transform():
+    """exp then x -> 1 - 2x: the tails swap; exact, against Monte Carlo."""
+    base = dist.Normal(jnp.array([0.0, 0.5, -1.0]), jnp.array([1.0, 0.3, 0.8]))
+    q = dist.TransformedDistribution(base, [T.ExpTransform(), T.AffineTransform(1.0, -2.0)])
+    probs = np.array([0.05, 0.5, 0.95])
+    values, exact = marginal_quantiles(q, probs)
+    assert exact
+    expected = 1.0 - 2.0 * np.exp(norm.ppf(1 - probs[:, None], base.loc, base.scale))
+    np.testing.assert_allclose(values, expected, rtol=1e-10)
+    assert np.all(np.diff(np.asarray(values), axis=0) > 0)
+    draws = np.asarray(q.sample(jax.random.PRNGKey(0), (40000,)))
+    np.testing.assert_allclose(values, np.quantile(draws, probs, axis=0), rtol=0.03, atol=0.01)
+    # no exact route (no icdf): Monte Carlo, flagged as such
+    values, exact = marginal_quantiles(dist.Categorical(jnp.array([0.2, 0.5, 0.3])), probs)
+    assert not exact
+    np.testing.assert_array_equal(values, [0, 1, 2])
+
+
+def test_print_summary_prints_every_element(fitted, capsys):
+    cvi, X, y, result = fitted
+    mean, cov, _ = closed_form(X, y)
+    sd = np.sqrt(np.diag(cov))
+    autocvi.print_summary(cvi.get_posterior(result.state))
+    lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert lines[0] == ["mean", "std", "median", "5.0%", "95.0%"]
+    rows = {line[0]: np.array(line[1:], dtype=float) for line in lines[1:]}
+    assert list(rows) == [f"w[{i}]" for i in range(D)] + ["b"]  # all ten, in order
+    for i, label in enumerate(rows):
+        expected = [mean[i], sd[i], mean[i], *norm.ppf([0.05, 0.95], mean[i], sd[i])]
+        np.testing.assert_allclose(rows[label], expected, atol=0.0051)
+    # the guide prints the same table; another prob changes the interval columns
+    autocvi.print_summary(cvi.guide(result.state), prob=0.5)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split() == ["mean", "std", "median", "25.0%", "75.0%"] and len(out) == D + 4
+
+
+def logistic(X, y=None):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("N", X.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(logits=X @ w), obs=y)
+
+
+def test_gaussian_block_plans_again_for_new_data(monkeypatch):
+    """A Gaussian block reads its predictor matrix from the data when planned: new data of
+    the same shape re-plan from the cached trace (no retrace) and fit the new data."""
+    rng = np.random.RandomState(4)
+    X1, X2 = rng.randn(20, 2), rng.randn(20, 2)
+    y1 = (X1 @ np.array([1.5, -1.0]) > 0).astype(float)
+    y2 = (X2 @ np.array([-1.0, 2.0]) > 0).astype(float)
+    cvi = autocvi.CVI(logistic)
+    first = cvi.run(jax.random.PRNGKey(0), 100, X1, y=y1)
+    assert cvi.get_schedule(first.state).blocks  # the case under test
+    mean1 = cvi.get_posterior(first.state)["w"].mean
+    calls = count_traces(monkeypatch)
+    second = cvi.run(jax.random.PRNGKey(0), 100, X2, y=y2)
+    assert calls == [] and second.state.plan != first.state.plan
+    # each posterior separates its own (separable) data; mixing one's X with the
+    # other's y would give a mean of norm ~0.3 (checked with autocvi.fit)
+    mean2 = cvi.get_posterior(second.state)["w"].mean
+    for mean, X, y in [(mean1, X1, y1), (mean2, X2, y2)]:
+        assert np.mean((X @ mean > 0) == (y > 0)) >= 0.9 and np.linalg.norm(mean) > 1.5
+    # the first state keeps its own plan and posterior
+    np.testing.assert_array_equal(cvi.get_posterior(first.state)["w"].mean, mean1)
