@@ -77,12 +77,12 @@ def check_against_references(name):
     z, ratio = scores(result, ref, only_missing=data.get("mask"))
     svi_elbo = ref["svi"]["elbo_best"] if "elbo_best" in ref["svi"] else ref["svi"]["elbo"]
     summary = (
-        f"{name}: converged={result.converged} ELBO {result.elbo[-1]:.2f} (SVI {svi_elbo:.2f}) "
+        f"{name}: converged={result.converged} ELBO {result.elbo_final:.2f} (SVI {svi_elbo:.2f}) "
         f"max|z| {z.max():.3f} sd ratio [{ratio.min():.2f}, {ratio.max():.2f}]"
     )
     print(summary)
     assert result.converged, summary
-    assert result.elbo[-1] >= svi_elbo - 0.5, summary
+    assert result.elbo_final >= svi_elbo - 0.5, summary
     if name in GAUSSIAN:
         assert z.max() <= GAUSSIAN[name], summary
         assert 0.9 <= np.median(ratio) <= 1.1, summary

@@ -57,6 +57,9 @@ class CVIInfo(NamedTuple):
 class CVIAlgorithm(NamedTuple):
     init: callable
     step: callable
+    # ``elbo(state, rng_key) -> value``: the ELBO of q at ``state`` (no update);
+    # Monte Carlo terms use ``rng_key``'s draws.
+    elbo: callable = None
 
 
 def cvi(schedule: Schedule) -> CVIAlgorithm:
@@ -383,7 +386,14 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         new_state = CVIState(natural, key, state.iteration + 1, state.constant_messages)
         return new_state, CVIInfo(value)
 
-    return CVIAlgorithm(init, step)
+    def elbo_at(state: CVIState, rng_key):
+        plate_key, elbo_key = jax.random.split(rng_key)
+        indices = plate_indices(plate_key)
+        fixed = {**params, **indices}
+        lam = {n: _gather(nodes[n], lam_n, indices) for n, lam_n in state.natural.items()}
+        return elbo(lam, elbo_key, fixed)
+
+    return CVIAlgorithm(init, step, elbo_at)
 
 
 # Backtracking of safeguarded node steps: at most this many halvings, and a

@@ -131,7 +131,8 @@ class CVI:
 
     Args:
         model: a NumPyro model.
-        num_samples: Monte Carlo draws per estimated message.
+        num_samples: Monte Carlo draws per estimated message (default: 16, or twice
+            the dimension of the largest Gaussian node with Monte Carlo messages, up to 64).
         step_size: beta; default as :func:`autocvi.fit` (1 when every message is
             exact, 0.1 with Fisher-route messages, else 0.5).
         tol: convergence tolerance of :meth:`run` (default as ``fit``: 1e-6 for
@@ -145,7 +146,7 @@ class CVI:
     """
 
     def __init__(
-        self, model, *, num_samples: int = 16, step_size=None, tol=None, structure="joint"
+        self, model, *, num_samples: int | None = None, step_size=None, tol=None, structure="joint"
     ):
         self.model = model
         self.num_samples = num_samples

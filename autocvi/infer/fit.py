@@ -35,6 +35,10 @@ class FitResult:
             *and* every health check passed; False whenever the ELBO was ever
             non-finite, a deterministic ELBO decreased, a variance collapsed
             or the state never moved (each also raises a ``FitWarning``).
+        elbo_final: the ELBO of the returned q: ``elbo[-1]`` for deterministic
+            schedules; with Monte Carlo messages the mean of 64 independent
+            estimates at the returned (iterate-averaged) state, far less noisy
+            than the per-iteration trace.
         diagnostics: what the health checks found
             (:class:`~autocvi.infer.convergence.Diagnostics`).
         num_steps: iterations run in this call.
@@ -50,6 +54,7 @@ class FitResult:
     num_steps: int
     wall_time: float = 0.0
     diagnostics: Diagnostics = field(default_factory=Diagnostics)
+    elbo_final: float = float("nan")
     _layouts: dict = field(default_factory=dict, repr=False)
 
     def sample(self, rng_key, num_samples: int) -> dict:
@@ -102,7 +107,7 @@ def fit(
     num_steps: int | None = None,
     step_size: float | None = None,
     rng_key=None,
-    num_samples: int = 16,
+    num_samples: int | None = None,
     tol: float | None = None,
     init_state: CVIState | None = None,
     progress_bar: bool = True,
@@ -118,7 +123,8 @@ def fit(
         step_size: beta; default 1 when every message is exact (VMP), 0.1 with
             Fisher-route messages, else 0.5.
         rng_key: a ``jax.random.PRNGKey`` or an int seed (default 0).
-        num_samples: Monte Carlo draws per estimated message.
+        num_samples: Monte Carlo draws per estimated message (default: 16, or twice
+            the dimension of the largest Gaussian node with Monte Carlo messages, up to 64).
         tol: convergence tolerance (:mod:`autocvi.infer.convergence`): on
             three successive relative ELBO changes (default 1e-6) when every
             message is deterministic (exact or Gauss-Hermite, no
@@ -163,6 +169,7 @@ def fit(
         # point; their average over 2 * WINDOW more iterations (Polyak-Ruppert
         # averaging, in natural parameters) is a far less noisy answer.
         state = average_iterates(algorithm.step, state, 2 * _WINDOW)
+    elbo_final = float(elbos[-1]) if exact else final_elbo(algorithm, state)
     layouts = {n: node.layout for n, node in schedule.nodes.items()}
     diagnostics = diagnose(
         elbos, initial, state.natural, layouts, schedule.blocks, exact, subsampled
@@ -180,6 +187,7 @@ def fit(
         num_steps=int(elbos.size),
         wall_time=wall,
         diagnostics=diagnostics,
+        elbo_final=elbo_final,
         _layouts=layouts,
     )
 
@@ -239,6 +247,13 @@ def run_loop(
     if bar is not None:
         bar.close()
     return state, np.asarray(elbos), converged, time.perf_counter() - start
+
+
+def final_elbo(algorithm, state, num_estimates: int = 64) -> float:
+    """The ELBO of q at ``state`` (see ``FitResult.elbo_final``)."""
+    keys = jax.random.split(jax.random.fold_in(state.rng_key, 1), num_estimates)
+    values = jax.jit(jax.vmap(algorithm.elbo, in_axes=(None, 0)))(state, keys)
+    return float(jnp.mean(values))
 
 
 def average_iterates(step, state, num_steps: int):

@@ -185,7 +185,7 @@ def plan(
     model,
     data=None,
     *,
-    num_samples: int = 16,
+    num_samples: int | None = None,
     step_size: float | None = None,
     structure: str = "joint",
     **options,
@@ -195,7 +195,8 @@ def plan(
     Args:
         model: a NumPyro model.
         data: keyword arguments for the model.
-        num_samples: Monte Carlo draws for estimated messages.
+        num_samples: Monte Carlo draws per estimated message (default: 16, or twice
+            the dimension of the largest Gaussian node with Monte Carlo messages, up to 64).
         step_size: override the default (1 when every message is exact, else 0.5).
         structure: ``"joint"`` (default): latents that a factor couples share
             one Gaussian over their unconstrained coordinates
@@ -223,7 +224,7 @@ def plan(
 def build_schedule(
     graph: FactorGraph,
     *,
-    num_samples: int = 16,
+    num_samples: int | None = None,
     step_size: float | None = None,
     rng_key=None,
     use_quadrature: bool = True,
@@ -368,6 +369,8 @@ def build_schedule(
                 e = new_edges.get((fname, name)) or graph.edges.get((fname, name), EdgeInfo())
                 edges[(fname, name)] = EdgeInfo(e.conjugate, e.reason, e.statistics, kind)
     graph = graph.with_edges(edges)
+    if num_samples is None:
+        num_samples = _default_num_samples(nodes, blocks)
     schedule = Schedule(graph, nodes, factors, order, 1.0, num_samples, params, blocks=blocks)
     schedule.step_size = _default_step_size(schedule) if step_size is None else step_size
     schedule.block_step_size = 1.0 if step_size is None else step_size
@@ -430,6 +433,20 @@ def _gauss_hermite_predictor(log_density, example, latent, lay, conjugate):
         return find_linear_predictor(log_density, example, latent)
     except Exception:  # noqa: BLE001 - no split means the Monte Carlo message is used
         return None
+
+
+def _default_num_samples(nodes, blocks) -> int:
+    """16 draws, or 2 D for the largest D-dimensional Gaussian node with Monte Carlo
+    messages (up to 64): their Hessian estimates (Bonnet/Price) are D x D, and with
+    too few draws a 21-dimensional joint GP node crawled and stalled 9 nats short."""
+    dims = [
+        node.layout.family_shape[-1]
+        for name, node in nodes.items()
+        if name not in blocks
+        and node.layout.q_family == "MultivariateNormal"
+        and any(kind == "monte-carlo" for _, kind in node.incoming)
+    ]
+    return int(min(64, max([16] + [2 * d for d in dims])))
 
 
 def _default_step_size(schedule: Schedule) -> float:
