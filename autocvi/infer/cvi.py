@@ -51,7 +51,7 @@ from ..analysis.layout import site_posterior
 from ..engine.step import CVIState, cvi
 from ..plan import schedule as _planner
 from .convergence import diagnose, report
-from .fit import _WINDOW, _chunk_runner, average_iterates, posterior_of
+from .fit import _WINDOW, _chunk_runner, average_iterates, posterior_of, run_loop
 
 __all__ = ["CVI", "CVIRunState", "CVIRunResult"]
 
@@ -494,30 +494,10 @@ class _Bound:
 
 def _loop(runner, carry, num_steps, progress_bar):
     """``fit``'s loop (:func:`autocvi.infer.fit.run_loop`) with a cached chunk runner."""
-    elbos: list[float] = []
-    converged = False
-    bar = None
-    if progress_bar and num_steps > 1:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=num_steps, desc="CVI", leave=False)
-    history = jnp.full((2 * _WINDOW,), jnp.nan)
-    while len(elbos) < num_steps and not converged:
-        remaining = jnp.asarray(num_steps - len(elbos), jnp.int32)
-        carry, history, values, done = runner(carry, history, remaining)
-        values, done = np.asarray(values), np.asarray(done)
-        ran = int(np.sum(~np.isnan(values)))
-        elbos.extend(float(v) for v in values[:ran])
-        converged = ran > 0 and bool(done[ran - 1])
-        if bar is not None:
-            bar.update(ran)
-            if elbos:
-                bar.set_postfix_str(f"elbo {elbos[-1]:.4f}")
-        if ran == 0:
-            break
-    if bar is not None:
-        bar.close()
-    return carry, np.asarray(elbos), converged
+    carry, elbos, converged, _ = run_loop(
+        None, carry, num_steps, 0.0, False, progress_bar=progress_bar, runner=runner
+    )
+    return carry, elbos, converged
 
 
 def _with_data_params(model, names):

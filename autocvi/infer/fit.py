@@ -206,8 +206,12 @@ def run_loop(
     deterministic: bool,
     progress_bar=False,
     subsampled: bool = False,
+    runner=None,
 ):
     """Run ``step`` up to ``num_steps`` times or to convergence.
+
+    ``runner``: an already compiled chunk runner (:func:`_chunk_runner`) to
+    reuse instead of building one from ``step`` (``CVI`` caches its own).
 
     Iterations run inside a compiled ``lax.scan``, ``_CHUNK`` at a time; the
     convergence test (:func:`autocvi.infer.convergence.converged_now`) runs
@@ -220,7 +224,9 @@ def run_loop(
     """
     if num_steps < 1:
         raise ValueError(f"num_steps must be at least 1, got {num_steps}")
-    run_chunk = _chunk_runner(step, tol, deterministic, subsampled)
+    run_chunk = (
+        runner if runner is not None else _chunk_runner(step, tol, deterministic, subsampled)
+    )
     elbos: list[float] = []
     converged = False
     start = time.perf_counter()

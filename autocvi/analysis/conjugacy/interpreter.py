@@ -41,7 +41,11 @@ from .npeval import NP_IMPL, np_dot_general
 __all__ = ["Interpreter", "Val", "RULES"]
 
 Literal = jcore.Literal
-DropVar = jcore.DropVar
+# jax.extend.core exports DropVar from jax 0.10; older releases keep it in jax.core's
+# implementation module.
+DropVar = getattr(jcore, "DropVar", None)
+if DropVar is None:  # pragma: no cover - jax < 0.10
+    from jax._src.core import DropVar
 
 
 class Val:
