@@ -9,9 +9,9 @@ Model, written as a user writes it (PG-SVI paper Sec. 7.1; KL-prox Sec. 6):
 Data sets (the ELBO is the training ELBO; the test log-loss is on the held-out
 part), float64 throughout:
 
-* ionosphere (../shared/data/ionosphere.npz, shipped split, 280 + 71 x 34),
+* ionosphere (bundled: autocvi.datasets.load("ionosphere"), shipped split, 280 + 71 x 34),
   (log l, log sigma) = (1, 2.5) as in the PG-SVI paper;
-* sonar (../shared/data/sonar.npz, shipped split, 165 + 43 x 60),
+* sonar (bundled: autocvi.datasets.load("sonar"), shipped split, 165 + 43 x 60),
   (log l, log sigma) = (-1, 6) as in the PG-SVI paper;
 * digits 3-vs-5 (scikit-learn's bundled digits, pixels / 16, 50/50 split with
   seed 0), (log l, log sigma) = (1.5, 2).
