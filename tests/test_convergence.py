@@ -84,3 +84,16 @@ def test_a_healthy_fit_is_converged_without_warnings():
 def test_zero_steps_is_an_error_not_an_empty_result():
     with pytest.raises(ValueError, match="num_steps"):
         autocvi.fit(normal_mean, {"y": jnp.arange(5.0)}, num_steps=0, progress_bar=False)
+
+
+def scaled_mean(y=None):
+    scale = numpyro.param("scale", 2.0)
+    mu = numpyro.sample("mu", dist.Normal(0.0, scale))
+    with numpyro.plate("n", 5):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+def test_params_held_fixed_are_announced():
+    """Issue 12.7: numpyro.param sites are not learned yet; fit says so, naming them."""
+    with pytest.warns(FitWarning, match="'scale'"):
+        autocvi.fit(scaled_mean, {"y": jnp.arange(5.0)}, progress_bar=False)

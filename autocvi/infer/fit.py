@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import jax
@@ -14,7 +15,7 @@ from ..analysis.layout import site_posterior
 from ..engine.step import CVIState, cvi
 from ..model.graph import FactorGraph, _format_table
 from ..plan.schedule import Schedule, plan
-from .convergence import WINDOW, Diagnostics, converged_now, diagnose, report
+from .convergence import WINDOW, Diagnostics, FitWarning, converged_now, diagnose, report
 
 __all__ = ["fit", "FitResult"]
 
@@ -145,6 +146,14 @@ def fit(
     if isinstance(rng_key, int):
         rng_key = jax.random.PRNGKey(rng_key)
     schedule = plan(model, data, num_samples=num_samples, step_size=step_size, structure=structure)
+    if schedule.graph.params:
+        warnings.warn(
+            f"numpyro.param sites {', '.join(map(repr, schedule.graph.params))} are held at their "
+            "initial values: autocvi does not learn params yet (use numpyro.infer.SVI for them, "
+            "or fix them to the values you want).",
+            FitWarning,
+            stacklevel=2,
+        )
     exact = schedule.deterministic
     if num_steps is None:
         num_steps = 100 if schedule.all_exact else 500
