@@ -251,3 +251,16 @@ def check_mixture():
     assert result.converged
     assert z.max() < 0.2, z
     np.testing.assert_allclose(weights, ref["weights"]["mean"], atol=0.05)
+
+
+@pytest.mark.slow
+def test_restarts_keep_the_best_fixed_point():
+    """Issue 12.5: models with discrete latents run several restarts by default and
+    keep the best ELBO; every restart's ELBO is reported."""
+    model, data = user_models.iris_mixture()
+    result, _ = fit_quietly(model, data)
+    assert result.restart_elbos.shape == (3,)
+    assert result.elbo_final == pytest.approx(result.restart_elbos.max())
+    single, _ = fit_quietly(model, data, num_restarts=1)
+    assert single.restart_elbos.shape == (1,)
+    assert result.elbo_final >= single.elbo_final - 1e-6

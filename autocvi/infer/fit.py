@@ -40,6 +40,7 @@ class FitResult:
             schedules; with Monte Carlo messages the mean of 64 independent
             estimates at the returned (iterate-averaged) state, far less noisy
             than the per-iteration trace.
+        restart_elbos: ``elbo_final`` of every restart (the best one is returned).
         diagnostics: what the health checks found
             (:class:`~autocvi.infer.convergence.Diagnostics`).
         num_steps: iterations run in this call.
@@ -56,6 +57,7 @@ class FitResult:
     wall_time: float = 0.0
     diagnostics: Diagnostics = field(default_factory=Diagnostics)
     elbo_final: float = float("nan")
+    restart_elbos: np.ndarray = field(default_factory=lambda: np.zeros(0))
     _layouts: dict = field(default_factory=dict, repr=False)
 
     def sample(self, rng_key, num_samples: int) -> dict:
@@ -113,6 +115,7 @@ def fit(
     init_state: CVIState | None = None,
     progress_bar: bool = True,
     structure: str = "joint",
+    num_restarts: int | None = None,
 ) -> FitResult:
     """Fit a NumPyro model with conjugate-computation variational inference.
 
@@ -137,6 +140,11 @@ def fit(
         structure: ``"joint"`` (default): latents coupled by a factor share one
             Gaussian q (``plan()`` shows the groups and why);
             ``"mean-field"``: one q per site.
+        num_restarts: fits from different starting points (``rng_key`` folded
+            with the restart's index); the one with the best ELBO is returned
+            and ``restart_elbos`` lists all. Default 3 when the model has
+            discrete latents (mixtures and topic models have many fixed
+            points), else 1.
 
     Returns:
         a :class:`FitResult`.
@@ -160,25 +168,40 @@ def fit(
     if tol is None:
         tol = 1e-6 if exact else 1e-4
     algorithm = cvi(schedule)
-    state = jax.jit(algorithm.init)(rng_key) if init_state is None else init_state
-    # A resumed fit may legitimately not move (it started at the optimum).
-    initial = state.natural if init_state is None else None
     subsampled = any(f.subsampled for f in schedule.factors.values())
-    state, elbos, converged, wall = run_loop(
-        algorithm.step,
-        state,
-        num_steps,
-        tol,
-        exact,
-        progress_bar=progress_bar,
-        subsampled=subsampled,
-    )
-    if converged and not exact:
-        # Monte Carlo messages leave the iterates jittering around the fixed
-        # point; their average over 2 * WINDOW more iterations (Polyak-Ruppert
-        # averaging, in natural parameters) is a far less noisy answer.
-        state = average_iterates(algorithm.step, state, 2 * _WINDOW)
-    elbo_final = float(elbos[-1]) if exact else final_elbo(algorithm, state)
+    if num_restarts is None:
+        # Discrete latents (mixtures, topics) have many fixed points.
+        discrete = any(n.layout.discrete for n in schedule.nodes.values())
+        num_restarts = 3 if discrete and init_state is None else 1
+    init = jax.jit(algorithm.init)
+    runner = _chunk_runner(algorithm.step, tol, exact, subsampled)
+    runs = []
+    for k in range(max(1, num_restarts)):
+        key = rng_key if k == 0 else jax.random.fold_in(rng_key, k)
+        state = init(key) if init_state is None else init_state
+        # A resumed fit may legitimately not move (it started at the optimum).
+        initial = state.natural if init_state is None else None
+        state, elbos, converged, wall = run_loop(
+            algorithm.step,
+            state,
+            num_steps,
+            tol,
+            exact,
+            progress_bar=progress_bar,
+            subsampled=subsampled,
+            runner=runner,
+        )
+        if converged and not exact:
+            # Monte Carlo messages leave the iterates jittering around the fixed
+            # point; their average over 2 * WINDOW more iterations (Polyak-Ruppert
+            # averaging, in natural parameters) is a far less noisy answer.
+            state = average_iterates(algorithm.step, state, 2 * _WINDOW)
+        elbo_final = float(elbos[-1]) if exact else final_elbo(algorithm, state)
+        runs.append((elbo_final, state, elbos, converged, wall, initial))
+    # Keep the restart with the best ELBO (non-finite ones last).
+    finite = [r for r in runs if np.isfinite(r[0])] or runs
+    elbo_final, state, elbos, converged, wall, initial = max(finite, key=lambda r: r[0])
+    wall = sum(r[4] for r in runs)
     layouts = {n: node.layout for n, node in schedule.nodes.items()}
     diagnostics = diagnose(
         elbos, initial, state.natural, layouts, schedule.blocks, exact, subsampled
@@ -197,6 +220,7 @@ def fit(
         wall_time=wall,
         diagnostics=diagnostics,
         elbo_final=elbo_final,
+        restart_elbos=np.asarray([r[0] for r in runs]),
         _layouts=layouts,
     )
 
