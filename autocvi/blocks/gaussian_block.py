@@ -41,6 +41,7 @@ from ..analysis.expectations import GH_NODES as _GH_NODES
 from ..analysis.expectations import GH_WEIGHTS as _GH_WEIGHTS
 from ..analysis.layout import site_posterior
 from ..analysis.linear_predictor import LinearPredictor
+from ..model.message_kinds import EXACT
 from . import solvers as gs
 
 __all__ = ["GaussianBlock", "find_block", "BlockPosterior"]
@@ -361,8 +362,8 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
         or node.local
     ):
         return None
-    exact = [f for f, kind in node.incoming if kind == "exact"]
-    estimated = [f for f, kind in node.incoming if kind != "exact"]
+    exact = [f for f, kind in node.incoming if kind == EXACT.name]
+    estimated = [f for f, kind in node.incoming if kind != EXACT.name]
     # The prior is every exact factor (the site's own prior, or the members'
     # priors of a joint group); each must touch this node only.
     # (A joint group's own flat density is no factor at all.)

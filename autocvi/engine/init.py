@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from ..analysis.expectations import expect, moment_point_set
+from ..model.message_kinds import EXACT
 from ..plan.schedule import Schedule, _plate_examples, _reference_natural
 
 __all__ = ["initial_natural"]
@@ -61,7 +62,7 @@ def initial_natural(schedule: Schedule, rng_key) -> dict:
         # expectations of exp-like likelihoods out of floating-point range);
         # nodes with only exact messages start centred on a prior draw, which
         # breaks the symmetry of mixture components.
-        estimated = any(kind != "exact" for _, kind in node.incoming)
+        estimated = any(kind != EXACT.name for _, kind in node.incoming)
         if lay.q_family == "MultivariateNormal":
             prec2 = 0.5 * (lam[1] + jnp.swapaxes(lam[1], -1, -2))
             if estimated:

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from ..analysis.expectations import GH_NODES as _GH_NODES
 from ..analysis.expectations import GH_WEIGHTS as _GH_WEIGHTS
 from ..analysis.expectations import PointSet, expect, moment_point_set, point_mass
+from ..model.message_kinds import EXACT, FISHER, GAUSS_HERMITE, MESSAGE_KINDS, MONTE_CARLO
 from ..plan.schedule import FactorPlan, Schedule, _reference_natural
 from .init import initial_natural
 
@@ -241,18 +242,22 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                 continue
             for fname, kind in node.incoming:
                 fplan = factors[fname]
-                if kind == "exact" and fplan.latents == (i,) and not fplan.subsampled:
+                if kind == EXACT.name and fplan.latents == (i,) and not fplan.subsampled:
                     lay = layouts[i]
                     mu_ref = lay.fam.natural_to_mean(_reference_natural(lay, ref_key))
                     out[f"{fname}->{i}"] = exact_message(fplan, i, {}, {i: mu_ref}, ref_key, params)
         return out
 
+    # How each registered message kind is computed (autocvi.model.message_kinds).
     message_fns = {
-        "gauss-hermite": gauss_hermite_message,
-        "exact": exact_message,
-        "monte-carlo": gaussian_message,
-        "fisher": fisher_message,
+        GAUSS_HERMITE.name: gauss_hermite_message,
+        EXACT.name: exact_message,
+        MONTE_CARLO.name: gaussian_message,
+        FISHER.name: fisher_message,
     }
+    missing = set(MESSAGE_KINDS) - set(message_fns)
+    if missing:
+        raise NotImplementedError(f"the engine does not compute message kinds {sorted(missing)}")
 
     # ----------------------------------------------------------------- ELBO
     def elbo(lam, key, fixed, block_elbos=None, only=None):
@@ -304,7 +309,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         for i, node in nodes.items()
         if i not in blocks
         and not node.local
-        and any(kind != "exact" for _, kind in node.incoming)
+        and any(kind != EXACT.name for _, kind in node.incoming)
         and not any(factors[f].subsampled for f, _ in node.incoming)
     }
 

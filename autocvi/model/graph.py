@@ -21,6 +21,8 @@ from typing import Any
 
 import networkx as nx
 
+from .message_kinds import MESSAGE_KINDS
+
 __all__ = [
     "PlateInfo",
     "VariableNode",
@@ -133,14 +135,8 @@ class EdgeInfo:
     message: str | None = None
 
 
-# Colours for message kinds in DOT output; documented in docs/.
-MESSAGE_COLOURS = {
-    "exact": "forestgreen",
-    "gauss-hermite": "royalblue",
-    "monte-carlo": "darkorange",
-    "fisher": "purple",
-    "score-function": "firebrick",
-}
+# Colours for message kinds in DOT output, from the message-kind registry.
+MESSAGE_COLOURS = {k.name: k.colour for k in MESSAGE_KINDS.values()}
 
 
 @dataclass

@@ -37,6 +37,7 @@ from ..analysis.layout import LatentLayout
 from ..analysis.linear_predictor import find_linear_predictor
 from ..blocks.gaussian_block import find_block
 from ..model.graph import EdgeInfo, FactorGraph, PlateInfo, _format_table
+from ..model.message_kinds import EXACT, FISHER, GAUSS_HERMITE, MESSAGE_KINDS, MONTE_CARLO
 
 __all__ = ["FactorPlan", "NodePlan", "Schedule", "plan", "build_schedule"]
 
@@ -125,7 +126,7 @@ class Schedule:
 
     @property
     def all_exact(self) -> bool:
-        return all(kind == "exact" for n in self.nodes.values() for _, kind in n.incoming)
+        return all(kind == EXACT.name for n in self.nodes.values() for _, kind in n.incoming)
 
     def __str__(self) -> str:
         rows = []
@@ -321,8 +322,8 @@ def build_schedule(
         for fname, fplan in factors.items():
             if name in fplan.latents:
                 kind = _message_kind(lay, fplan.conjugate[name])
-                if kind == "monte-carlo" and name in fplan.linear_predictors:
-                    kind = "gauss-hermite"
+                if kind == MONTE_CARLO.name and name in fplan.linear_predictors:
+                    kind = GAUSS_HERMITE.name
                 incoming.append((fname, kind))
         var = graph.variables[name]
         sub_axes = tuple((len(var.batch_shape) + p.dim, p) for p in var.plates if p.subsampled)
@@ -352,7 +353,8 @@ def build_schedule(
                 blocks[name] = block
                 # Every likelihood term of a block gets Gauss-Hermite site messages.
                 incoming = tuple(
-                    (f, "gauss-hermite" if k == "monte-carlo" else k) for f, k in node.incoming
+                    (f, GAUSS_HERMITE.name if k == MONTE_CARLO.name else k)
+                    for f, k in node.incoming
                 )
                 nodes[name] = NodePlan(node.name, node.layout, incoming, node.subsample_axes)
     # Predictors too large for the dense Gauss-Hermite message: Monte Carlo instead.
@@ -360,7 +362,7 @@ def build_schedule(
         if latent not in blocks:
             del factors[fname].linear_predictors[latent]
             node = nodes[latent]
-            incoming = tuple((f, "monte-carlo" if f == fname else k) for f, k in node.incoming)
+            incoming = tuple((f, MONTE_CARLO.name if f == fname else k) for f, k in node.incoming)
             nodes[latent] = NodePlan(node.name, node.layout, incoming, node.subsample_axes)
     edges = dict(new_edges)
     for name, node in nodes.items():
@@ -444,7 +446,7 @@ def _default_num_samples(nodes, blocks) -> int:
         for name, node in nodes.items()
         if name not in blocks
         and node.layout.q_family == "MultivariateNormal"
-        and any(kind == "monte-carlo" for _, kind in node.incoming)
+        and any(kind == MONTE_CARLO.name for _, kind in node.incoming)
     ]
     return int(min(64, max([16] + [2 * d for d in dims])))
 
@@ -463,17 +465,15 @@ def _default_step_size(schedule: Schedule) -> float:
         if name not in schedule.blocks
         for _, kind in n.incoming
     }
-    if kinds <= {"exact"}:
-        return 1.0
-    return 0.1 if "fisher" in kinds else 0.5
+    return min((MESSAGE_KINDS[k].default_step for k in kinds), default=1.0)
 
 
 def _message_kind(layout: LatentLayout, conjugate: bool) -> str:
     if conjugate:
-        return "exact"
+        return EXACT.name
     if layout.q_family in ("Normal", "MultivariateNormal"):
-        return "monte-carlo"
-    return "fisher"
+        return MONTE_CARLO.name
+    return FISHER.name
 
 
 def _check_discrete(fname, layouts, aligns, conj):

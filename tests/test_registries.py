@@ -1,0 +1,71 @@
+"""Every registry entry is complete, and the code that consumes a registry covers all of it."""
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpyro
+import numpyro.distributions as dist
+import pytest
+
+import autocvi
+from autocvi import families
+from autocvi.engine import cvi
+from autocvi.model import message_kinds
+from autocvi.model.graph import MESSAGE_COLOURS
+
+
+@pytest.mark.parametrize("kind", list(message_kinds.MESSAGE_KINDS.values()), ids=str)
+def test_message_kind_entries_are_complete(kind):
+    for f in dataclasses.fields(kind):
+        value = getattr(kind, f.name)
+        assert value is not None and value != "", f.name
+    assert 0.0 < kind.default_step <= 1.0
+    assert isinstance(kind.deterministic, bool)
+    assert MESSAGE_COLOURS[kind.name] == kind.colour
+
+
+def normal_mean(y=None):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("n", 3):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+def test_the_engine_computes_every_registered_kind():
+    cvi(autocvi.plan(normal_mean, {"y": jnp.ones(3)}))  # raises if one is missing
+
+
+def test_an_unimplemented_kind_is_refused(monkeypatch):
+    """Completeness of the check above: a registry entry without an engine function fails."""
+    extra = message_kinds.MessageKind("new-kind", "never", False, 0.5, "black")
+    monkeypatch.setitem(message_kinds.MESSAGE_KINDS, "new-kind", extra)
+    with pytest.raises(NotImplementedError, match="new-kind"):
+        cvi(autocvi.plan(normal_mean, {"y": jnp.ones(3)}))
+
+
+@pytest.mark.parametrize("family", list(families.FAMILIES.values()), ids=lambda f: f.name)
+def test_family_entries_are_complete(family):
+    for name in family._fields[2:]:
+        assert callable(getattr(family, name)), name
+
+
+@pytest.mark.parametrize(
+    "prior, family",
+    [
+        (dist.Gamma(2.0, 1.0), "Gamma"),
+        (dist.Chi2(3.0), "Gamma"),  # a subclass: matched by isinstance
+        (dist.Exponential(2.0), "Gamma"),
+        (dist.Beta(2.0, 2.0), "Beta"),
+        (dist.BetaProportion(0.3, 5.0), "Beta"),
+        (dist.Dirichlet(jnp.ones(3)), "Dirichlet"),
+        (dist.Categorical(probs=jnp.ones(3) / 3), "Categorical"),
+        (dist.Bernoulli(probs=0.3), "Bernoulli"),
+        (dist.Normal(0.0, 1.0), "Normal"),
+        (dist.Normal(0.0, 1.0).expand([3]).to_event(1), "MultivariateNormal"),
+        (dist.HalfCauchy(1.0), None),
+        (dist.LogNormal(0.0, 1.0), None),
+    ],
+    ids=lambda v: type(v).__name__ if not isinstance(v, str | type(None)) else str(v),
+)
+def test_family_registry_matches_by_isinstance(prior, family):
+    found = families.family_for_distribution(prior)
+    assert (found.name if found is not None else None) == family
