@@ -218,6 +218,24 @@ def local_level():
     return model, {"T": T, "y": y}
 
 
+def poisson_random_walk():
+    """Poisson counts around a Gaussian random walk with a latent Gamma precision and an
+    offset (issue 12: crashed in the first Gauss-Hermite message). T = 100, simulated."""
+    rs = np.random.RandomState(0)
+    T = 100
+    walk = np.cumsum(rs.normal(0.0, 0.2, T))
+    y = rs.poisson(np.exp(1.0 + walk)).astype(float)
+
+    def model(T, y=None):
+        tau = numpyro.sample("tau", dist.Gamma(2.0, 0.1))
+        offset = numpyro.sample("offset", dist.Normal(0.0, 3.0))
+        f = numpyro.sample("f", dist.GaussianRandomWalk(1.0 / jnp.sqrt(tau), num_steps=T))
+        with numpyro.plate("t", T):
+            numpyro.sample("y", dist.Poisson(jnp.exp(offset + f)), obs=y)
+
+    return model, {"T": T, "y": y}
+
+
 def gp_latent_lengthscale():
     """Latent GP with a log-normal length-scale, n=20 points on [0, 3], y = sin(2x)."""
     x = np.linspace(0.0, 3.0, 20)
@@ -293,6 +311,7 @@ MODELS = {
     "missing_obs_regression": missing_obs_regression,
     "eight_schools": eight_schools,
     "local_level": local_level,
+    "poisson_random_walk": poisson_random_walk,
     "gp_latent_lengthscale": gp_latent_lengthscale,
     "iris_mixture": iris_mixture,
     "iris_mixture_marginal": iris_mixture_marginal,

@@ -465,11 +465,25 @@ def _build(g, v, out, src, t_idx, treedef, in_avals, values, target, shape, conc
     eta_aval = g.avals[v]
     n_leaves = len(in_avals)
 
+    # Inputs the predictor or the rest actually read: a caller may leave out the
+    # others (a latent that only the model's other sites depend on, e.g. the scale
+    # of a random walk whose values are given by a joint group).
+    read = {r for k in (*eta_plan, *rest_plan) for r in g.eqns[k].ins if isinstance(r, int)}
+    leaf_of = jax.tree_util.tree_unflatten(treedef, list(range(n_leaves)))
+
     def flat_values(vals, allow_missing_target):
-        if allow_missing_target and target not in vals:
+        missing = [k for k in leaf_of if k not in vals] if isinstance(leaf_of, dict) else []
+        if missing:
             vals = dict(vals)
-            a = in_avals[t_idx]
-            vals[target] = jnp.zeros(a.shape, a.dtype)
+            for k in missing:
+                i = leaf_of[k]
+                if not isinstance(i, int) or (g.inputs[i] in read and k != target):
+                    raise ValueError(
+                        f"the linear predictor of {target!r} needs {k!r}, which was not given"
+                    )
+                if k == target and not allow_missing_target:
+                    raise ValueError(f"the linear predictor of {target!r} needs its value")
+                vals[k] = jnp.zeros(in_avals[i].shape, in_avals[i].dtype)
         leaves, td = jax.tree_util.tree_flatten(vals)
         if td != treedef or len(leaves) != n_leaves:
             raise ValueError(f"values structure {td} differs from the traced structure {treedef}")
