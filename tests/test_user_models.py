@@ -180,7 +180,7 @@ def test_lda_leaves_its_symmetric_start_and_recovers_the_topics(rng_key):
     from itertools import permutations
 
     words, truth = lda_data()
-    result, _ = fit_quietly(lda, {"words": words}, rng_key=rng_key)
+    result, _ = fit_quietly(lda, {"words": words}, rng_key=rng_key, num_steps=2000)
     beta = np.asarray(result.posterior["beta"].mean).reshape(3, 24)
     best = max(
         np.mean([np.corrcoef(beta[p[k]], truth[k])[0, 1] for k in range(3)])

@@ -207,6 +207,14 @@ def fit(
         elbos, initial, state.natural, layouts, schedule.blocks, exact, subsampled
     )
     report(diagnostics, elbos.size)
+    if not converged and diagnostics.trustworthy and tol > 0:
+        warnings.warn(
+            f"the stopping rule was not met in num_steps = {num_steps} iterations (last ELBO "
+            f"{elbos[-1]:.6g}): the fit is not converged; pass a larger num_steps or resume "
+            "with init_state=result.state.",
+            FitWarning,
+            stacklevel=2,
+        )
     converged = converged and diagnostics.trustworthy
     posterior = posterior_of(schedule, state)
     return FitResult(
