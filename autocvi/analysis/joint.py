@@ -38,12 +38,11 @@ import functools
 import math
 from dataclasses import dataclass
 
-import jax
 import jax.numpy as jnp
 import numpyro
 from numpyro import handlers
-from numpyro.distributions import constraints
-from numpyro.distributions.transforms import biject_to
+from numpyro.distributions import MultivariateNormal, Normal, TransformedDistribution, constraints
+from numpyro.distributions.transforms import ReshapeTransform, biject_to
 
 from ..model.coordinates import MEMBER_FLAG, JointCoordinates
 from ..model.graph import FactorGraph
@@ -189,7 +188,6 @@ def find_joint_groups(
             continue  # one site without plates is one Gaussian already
         built, offset = [], 0
         for n in members:
-            lay = layouts[n]
             var = graph.variables[n]
             prior_support = graph.site_fn(n)(graph.example_values)[0].support
             transform = None if prior_support is constraints.real else biject_to(prior_support)
@@ -202,7 +200,6 @@ def find_joint_groups(
             )
             built.append(JointMember(n, tuple(var.shape), ushape, offset, transform))
             offset += math.prod(ushape)
-            del lay
         reasons = sorted({r for n in members for r in why[n]})
         if offset > max_dim:
             notes.append(
@@ -257,12 +254,6 @@ class _MarkMembers(numpyro.primitives.Messenger):
 
 def member_posteriors(group: JointGroup, q_z) -> dict:
     """Per-member numpyro Distributions from the joint q over ``z`` (its marginals)."""
-    from numpyro.distributions import (
-        MultivariateNormal,
-        Normal,
-        TransformedDistribution,
-    )
-    from numpyro.distributions.transforms import ReshapeTransform
 
     if hasattr(q_z, "covariance_matrix"):
         loc, cov = q_z.loc, q_z.covariance_matrix
@@ -282,6 +273,3 @@ def member_posteriors(group: JointGroup, q_z) -> dict:
             base = TransformedDistribution(base, ReshapeTransform(m.unconstrained_shape, (m.size,)))
         out[m.name] = base if m.transform is None else TransformedDistribution(base, m.transform)
     return out
-
-
-del jax
