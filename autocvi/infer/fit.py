@@ -174,7 +174,10 @@ def fit(
         discrete = any(n.layout.discrete for n in schedule.nodes.values())
         num_restarts = 3 if discrete and init_state is None else 1
     init = jax.jit(algorithm.init)
+    # Compiled once and shared by the restarts (a jit per restart recompiled).
     runner = _chunk_runner(algorithm.step, tol, exact, subsampled)
+    averager = iterate_averager(algorithm.step, 2 * _WINDOW)
+    estimator = None if exact else elbo_estimator(algorithm)
     runs = []
     for k in range(max(1, num_restarts)):
         key = rng_key if k == 0 else jax.random.fold_in(rng_key, k)
@@ -195,8 +198,10 @@ def fit(
             # Monte Carlo messages leave the iterates jittering around the fixed
             # point; their average over 2 * WINDOW more iterations (Polyak-Ruppert
             # averaging, in natural parameters) is a far less noisy answer.
-            state = average_iterates(algorithm.step, state, 2 * _WINDOW)
-        elbo_final = float(elbos[-1]) if exact else final_elbo(algorithm, state)
+            state = averager(state)
+        elbo_final = (
+            float(elbos[-1]) if exact else final_elbo(algorithm, state, estimator=estimator)
+        )
         runs.append((elbo_final, state, elbos, converged, wall, initial))
     # Keep the restart with the best ELBO (non-finite ones last).
     finite = [r for r in runs if np.isfinite(r[0])] or runs
@@ -296,20 +301,34 @@ def run_loop(
     return state, np.asarray(elbos), converged, time.perf_counter() - start
 
 
-def final_elbo(algorithm, state, num_estimates: int = 64) -> float:
-    """The ELBO of q at ``state`` (see ``FitResult.elbo_final``)."""
+def final_elbo(algorithm, state, num_estimates: int = 64, estimator=None) -> float:
+    """The ELBO of q at ``state`` (see ``FitResult.elbo_final``).
+
+    ``estimator``: a compiled ``elbo_estimator(algorithm)`` to reuse (restarts).
+    """
+    estimator = estimator or elbo_estimator(algorithm)
     keys = jax.random.split(jax.random.fold_in(state.rng_key, 1), num_estimates)
-    values = jax.jit(jax.vmap(algorithm.elbo, in_axes=(None, 0)))(state, keys)
-    return float(jnp.mean(values))
+    return float(jnp.mean(estimator(state, keys)))
 
 
-def average_iterates(step, state, num_steps: int):
+def elbo_estimator(algorithm):
+    """Compiled ``(state, keys) -> ELBO estimates``, one per key."""
+    return jax.jit(jax.vmap(algorithm.elbo, in_axes=(None, 0)))
+
+
+def average_iterates(step, state, num_steps: int, averager=None):
     """``num_steps`` more iterations; the state's natural parameters become their mean.
 
     Averaging natural parameters is averaging the exponential-family
     distributions' log densities (up to normalisation), which stays inside
-    every family's domain (the domains are convex).
+    every family's domain (the domains are convex). ``averager``: a compiled
+    ``iterate_averager(step, num_steps)`` to reuse (restarts).
     """
+    return (averager or iterate_averager(step, num_steps))(state)
+
+
+def iterate_averager(step, num_steps: int):
+    """Compiled ``state -> state`` of :func:`average_iterates`."""
 
     @jax.jit
     def run(state):
@@ -324,7 +343,7 @@ def average_iterates(step, state, num_steps: int):
         mean = jax.tree_util.tree_map(lambda t: t / num_steps, total)
         return state._replace(natural=mean)
 
-    return run(state)
+    return run
 
 
 def _chunk_runner(step, tol: float, exact: bool, subsampled: bool = False):
