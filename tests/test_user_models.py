@@ -1,7 +1,7 @@
-"""Models as users write them (tests/user_models.py), scored against NUTS and SVI.
+"""Models as users write them (tests/zoo/models.py), scored against NUTS and SVI.
 
-The references in ``tests/references/*.json`` are numbers computed by
-``tests/references/regenerate.py`` (NUTS, 4 chains; NumPyro SVI with
+The references in ``tests/zoo/references/*.json`` are numbers computed by
+``tests/zoo/regenerate.py`` (NUTS, 4 chains; NumPyro SVI with
 AutoMultivariateNormal at three learning rates, then a decaying-rate polish),
 never autocvi's own output. These run in float32, the precision users get.
 
@@ -26,7 +26,7 @@ import autocvi
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import user_models  # noqa: E402
+from zoo import models as user_models  # noqa: E402
 
 # Models whose posterior a Gaussian on the unconstrained coordinates represents
 # well: all three bars apply. The others (a funnel, a GP length-scale, a
@@ -54,7 +54,7 @@ NOT_SCORED = {"gp_latent_lengthscale": {"ls"}}
 
 
 def reference(name):
-    return json.loads((HERE / "references" / f"{name}.json").read_text())
+    return json.loads((HERE / "zoo" / "references" / f"{name}.json").read_text())
 
 
 def fit_quietly(model, data, **kw):

@@ -1,6 +1,6 @@
-"""Regenerate the oracle references for the models in ``tests/user_models.py``.
+"""Regenerate the oracle references for the models in ``tests/zoo/models.py``.
 
-    python tests/references/regenerate.py [names...]     # default: all models
+    python tests/zoo/regenerate.py [names...]     # default: all models
 
 For each model: NUTS (4 chains run sequentially, 1000 warmup + 1000 draws each,
 seed 0) summarised per latent site and per element (flattened, row-major):
@@ -11,10 +11,10 @@ the final ELBO = -Trace_ELBO(num_particles=2000).loss evaluated once. Also the
 ELBO of a Laplace approximation (MAP + inverse Hessian in the unconstrained
 space, as AutoMultivariateNormal parameters), which beats Adam where the
 posterior is ill-conditioned (the GP); ``elbo_best`` is the larger of the two.
-Writes ``tests/references/<name>.json`` (numbers rounded to 6 significant digits).
+Writes ``tests/zoo/references/<name>.json`` (numbers rounded to 6 significant digits).
 
 This is slow (tens of minutes for all models); on a shared machine pin it to
-one core: ``taskset -c 1 python tests/references/regenerate.py``.
+one core: ``taskset -c 1 python tests/zoo/regenerate.py``.
 """
 
 import jax
@@ -38,8 +38,8 @@ from numpyro.infer.autoguide import AutoMultivariateNormal  # noqa: E402
 from numpyro.optim import Adam  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-from user_models import MODELS  # noqa: E402
+sys.path.insert(0, str(HERE.parent))  # tests/, so that ``zoo`` imports
+from zoo.models import MODELS  # noqa: E402
 
 NUTS_SETTINGS = dict(
     num_warmup=1000, num_samples=1000, num_chains=4, chain_method="sequential", seed=0
@@ -394,7 +394,7 @@ def regenerate(name):
     nuts_model, nuts_data = MODELS[nuts_name]() if nuts_name != name else (model, data)
     out = {
         "model": name,
-        "source": f"tests/user_models.py::{name}",
+        "source": f"tests/zoo/models.py::{name}",
         "settings": {"nuts": dict(NUTS_SETTINGS, model=nuts_name), "svi": dict(SVI_SETTINGS)},
         "versions": {
             "numpyro": numpyro.__version__,
@@ -447,7 +447,7 @@ def regenerate(name):
         flush=True,
     )
     out["wall_seconds"] = sig(time.time() - t0, 4)
-    (HERE / f"{name}.json").write_text(json.dumps(out, indent=1) + "\n")
+    (HERE / "references" / f"{name}.json").write_text(json.dumps(out, indent=1) + "\n")
     print(f"[{name}] wrote {name}.json ({out['wall_seconds']} s)", flush=True)
 
 

@@ -8,7 +8,7 @@ function, so importing this module is cheap and reads no file.
 
 ``MODELS`` maps each name to its function. The oracle references for these
 models (NUTS summaries, NumPyro SVI ELBO baselines) live in
-``tests/references/<name>.json``; ``tests/references/regenerate.py`` rebuilds them.
+``tests/zoo/references/<name>.json``; ``tests/zoo/regenerate.py`` rebuilds them.
 """
 
 import jax.numpy as jnp
