@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpyro
 import numpyro.distributions as dist
@@ -10,6 +11,7 @@ import pytest
 import autocvi
 from autocvi import families
 from autocvi.engine import cvi
+from autocvi.families.base import OPTIONAL_FIELDS
 from autocvi.model import message_kinds
 from autocvi.model.graph import MESSAGE_COLOURS
 
@@ -45,7 +47,23 @@ def test_an_unimplemented_kind_is_refused(monkeypatch):
 @pytest.mark.parametrize("family", list(families.FAMILIES.values()), ids=lambda f: f.name)
 def test_family_entries_are_complete(family):
     for name in family._fields[2:]:
-        assert callable(getattr(family, name)), name
+        value = getattr(family, name)
+        if name in OPTIONAL_FIELDS:
+            assert value is None or callable(value), name
+        else:
+            assert callable(value), name
+
+
+def test_gaussian_families_keep_an_indefinite_step_in_the_domain():
+    """The Gaussians declare a domain-preserving step; it fixes what the plain step breaks."""
+    for name in ("Normal", "MultivariateNormal"):
+        assert families.FAMILIES[name].domain_preserving_step is not None, name
+    fam = families.FAMILIES["MultivariateNormal"]
+    lam = (jnp.zeros(2), -0.5 * jnp.eye(2))
+    target = (jnp.array([1.0, 0.0]), -0.5 * jnp.array([[5.0, 0.0], [0.0, -3.0]]))  # indefinite
+    plain = jax.tree_util.tree_map(lambda o, t: 0.5 * o + 0.5 * t, lam, target)
+    assert not bool(fam.is_valid(plain))
+    assert bool(fam.is_valid(fam.domain_preserving_step(lam, target, 0.5)))
 
 
 @pytest.mark.parametrize(

@@ -59,7 +59,7 @@ def classify_graph(graph: FactorGraph) -> FactorGraph:
     return graph.with_edges(edges)
 
 
-def trace(model, data=None, *, classify: bool = True, rng_key=0) -> FactorGraph:
+def trace(model, data=None, *, classify: bool = True, rng_key=0, init_strategy=None) -> FactorGraph:
     """Trace ``model(**data)`` into the factor graph autocvi sees, classified.
 
     Args:
@@ -70,10 +70,13 @@ def trace(model, data=None, *, classify: bool = True, rng_key=0) -> FactorGraph:
             factor-latent edge's conjugacy verdict (``autocvi.analysis.conjugacy``).
         rng_key: seed for the one model run that draws example latent values
             (and the indices of subsampled plates).
+        init_strategy: a NumPyro ``init_to_*`` strategy for the latents'
+            example and starting values (default ``init_to_sample``; sites
+            without ``sample``, such as ``ImproperUniform``, use ``init_to_uniform``).
 
     Returns:
         a :class:`~autocvi.model.graph.FactorGraph`; see
         :func:`autocvi.model.trace.trace_model` for what it holds and raises.
     """
-    graph = trace_model(model, data, rng_key=rng_key)
+    graph = trace_model(model, data, rng_key=rng_key, init_strategy=init_strategy)
     return classify_graph(graph) if classify else graph

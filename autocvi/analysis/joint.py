@@ -98,6 +98,15 @@ class JointGroup:
     def values(self, z) -> dict:
         return {m.name: m.value(z) for m in self.members}
 
+    def coordinates(self, values: dict):
+        """``z`` for the members' ``values`` (the inverse of :meth:`values`)."""
+        parts = []
+        for m in self.members:
+            v = jnp.asarray(values[m.name])
+            u = v if m.transform is None else m.transform.inv(v)
+            parts.append(jnp.reshape(u, (m.size,)))
+        return jnp.concatenate(parts) if parts else jnp.zeros((0,))
+
     def log_abs_det_jacobian(self, z):
         total = 0.0
         lead = jnp.shape(z)[:-1]
@@ -211,12 +220,13 @@ def find_joint_groups(
     return groups, notes
 
 
-def joint_model(model, groups: list[JointGroup]):
+def joint_model(model, groups: list[JointGroup], start: dict | None = None):
     """``model`` with every group's members conditioned on one flat vector site.
 
     The returned function has the model's signature. Each group's vector is
     sampled first, at zero unconstrained coordinates by default (the centre of
-    the unconstrained space, as ``init_to_uniform`` without noise); its
+    the unconstrained space, as ``init_to_uniform`` without noise), or at the
+    members' values in ``start`` (site -> value) when given; its
     members' sites are conditioned on their slices, so their prior densities
     stay in the model as factors of the vector, and the log-Jacobian of the maps
     to the members' supports is a ``numpyro.factor``.
@@ -227,7 +237,8 @@ def joint_model(model, groups: list[JointGroup]):
         values = {}
         vectors = {}
         for g in groups:
-            z = numpyro.sample(g.name, JointCoordinates(jnp.zeros((g.dim,))))
+            z0 = jnp.zeros((g.dim,)) if start is None else g.coordinates(start)
+            z = numpyro.sample(g.name, JointCoordinates(z0))
             vectors[g.name] = z
             values.update(g.values(z))
         with handlers.condition(data=values), _MarkMembers(set(values)):

@@ -440,9 +440,14 @@ def _scatter(node, full, sub, indices):
 
 
 def damped_update(fam, old, message, beta, halvings: int = 12):
-    """``(1 - b) old + b message`` with ``b`` halved per element until valid.
+    """``(1 - b) old + b message``, kept inside the natural domain per element.
 
-    Elements for which no tried step is valid keep their old parameters.
+    Families with a ``domain_preserving_step`` (the Gaussians: saddle-free
+    curvature ``|P_t|``) take it where the plain step leaves the domain, so an
+    indefinite expected Hessian (a non-log-concave factor, a start far in the
+    tails) still moves q at the full step. Other families halve ``b`` per
+    element until the step is valid. Elements for which nothing valid is
+    found keep their old parameters.
     """
     batch_shape = jnp.shape(fam.is_valid(old))
 
@@ -454,18 +459,29 @@ def damped_update(fam, old, message, beta, halvings: int = 12):
         new = jax.tree_util.tree_map(leaf, old, message)
         return new, _valid(fam, new, batch_shape)
 
-    def halve(_, b):
-        return jnp.where(combine(b)[1], b, 0.5 * b)
-
     b0 = jnp.full(batch_shape, beta, dtype=jnp.result_type(float))
-    b = jax.lax.fori_loop(0, halvings, halve, b0)
-    new, ok = combine(b)
+    if fam.domain_preserving_step is not None:
+        plain, ok = combine(b0)
 
-    def keep(o, n):
-        okk = jnp.reshape(ok, ok.shape + (1,) * (o.ndim - ok.ndim))
-        return jnp.where(okk, n, o)
+        def repaired():  # computed only when some element needs it (an eigh per step)
+            safe = fam.domain_preserving_step(old, message, b0)
+            new = jax.tree_util.tree_map(lambda p, s: _where(ok, p, s), plain, safe)
+            return new, _valid(fam, new, batch_shape)
 
-    return jax.tree_util.tree_map(keep, old, new)
+        new, ok = jax.lax.cond(jnp.all(ok), lambda: (plain, ok), repaired)
+    else:
+
+        def halve(_, b):
+            return jnp.where(combine(b)[1], b, 0.5 * b)
+
+        b = jax.lax.fori_loop(0, halvings, halve, b0)
+        new, ok = combine(b)
+    return jax.tree_util.tree_map(lambda o, n: _where(ok, n, o), old, new)
+
+
+def _where(ok, a, b):
+    """``where(ok, a, b)`` with ``ok`` of batch shape broadcast over event axes."""
+    return jnp.where(jnp.reshape(ok, ok.shape + (1,) * (a.ndim - ok.ndim)), a, b)
 
 
 def _valid(fam, lam, batch_shape):

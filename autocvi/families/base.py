@@ -54,6 +54,13 @@ class Family(NamedTuple):
     from_numpyro: Callable  # numpyro Distribution of the matching type -> lam
     is_valid: Callable  # lam -> bool array, shape batch: lam inside the natural domain
     moment_nodes: Callable  # mu -> (nodes, weights)
+    # (lam, target, beta) -> lam: a step towards ``target`` that stays in the natural
+    # domain whatever ``target`` is (None: the engine halves beta until valid instead)
+    domain_preserving_step: Callable | None = None
+
+
+# Fields a family module may leave out (the record's defaults apply).
+OPTIONAL_FIELDS = ("domain_preserving_step",)
 
 
 def family_from_namespace(name: str, event_ndim: int, namespace: dict) -> Family:
@@ -62,7 +69,9 @@ def family_from_namespace(name: str, event_ndim: int, namespace: dict) -> Family
     Each family module defines ``sufficient_statistics``, ``natural_to_mean``, ...
     at top level and builds its record with ``family_from_namespace(..., globals())``.
     """
-    return Family(name, event_ndim, **{f: namespace[f] for f in Family._fields[2:]})
+    fields = {f: namespace[f] for f in Family._fields[2:] if f not in OPTIONAL_FIELDS}
+    fields.update({f: namespace[f] for f in OPTIONAL_FIELDS if f in namespace})
+    return Family(name, event_ndim, **fields)
 
 
 def unwrap_distribution(d: dist.Distribution) -> dist.Distribution:

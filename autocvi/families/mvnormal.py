@@ -141,6 +141,30 @@ def is_valid(lam):
     return ok_chol & ok_diag & jnp.all(jnp.isfinite(eta1), axis=-1)
 
 
+def domain_preserving_step(lam, target, beta):
+    """A step from ``lam`` towards ``target`` whose precision stays positive definite.
+
+    As the Normal family's (see there): the target precision ``P_t`` is
+    replaced by ``|P_t|`` (its eigenvalues' absolute values: the
+    saddle-free Newton curvature of Dauphin et al., "Identifying and
+    attacking the saddle point problem in high-dimensional non-convex
+    optimization", NeurIPS 2014), ``P_new = (1 - b) P + b |P_t|``, and the
+    mean moves by ``b P_new^{-1} g`` with ``g = t1 - P_t m`` the expected
+    gradient. Where ``P_t`` is positive definite this is the plain step.
+    """
+    eta1, prec, chol_p = _precision_chol(lam)
+    m = cho_solve(chol_p, eta1)
+    t1, t2 = target
+    prec_t = -2.0 * symmetrize(t2)
+    grad = t1 - jnp.einsum("...ij,...j->...i", prec_t, m)
+    evals, evecs = jnp.linalg.eigh(prec_t)
+    abs_t = jnp.einsum("...ik,...k,...jk->...ij", evecs, jnp.abs(evals), evecs)
+    b = jnp.reshape(beta, jnp.shape(beta) + (1, 1))
+    prec_new = symmetrize((1.0 - b) * prec + b * abs_t)
+    eta1_new = jnp.einsum("...ij,...j->...i", prec_new, m) + b[..., 0] * grad
+    return (eta1_new, -0.5 * prec_new)
+
+
 def moment_nodes(mu):
     """Sigma points ``m +- sqrt(D) L e_j`` (``L L^T = S``), weights ``1/(2D)``.
 

@@ -94,6 +94,31 @@ def is_valid(lam):
     return (eta2 < 0) & jnp.isfinite(eta1) & jnp.isfinite(eta2)
 
 
+def domain_preserving_step(lam, target, beta):
+    """A step from ``lam`` towards ``target`` whose precision stays positive.
+
+    The plain CVI step ``(1 - b) lam + b target`` moves the precision to
+    ``(1 - b) S + b S_t``; when the target precision ``S_t`` (minus twice the
+    summed second components of the messages: an expected negative Hessian)
+    is negative, as for a non-log-concave factor or a start far in the tails,
+    no useful ``b`` keeps it positive. This step uses ``|S_t|`` instead (the
+    saddle-free Newton curvature of Dauphin et al., "Identifying and
+    attacking the saddle point problem in high-dimensional non-convex
+    optimization", NeurIPS 2014) and moves the mean by ``b S_new^{-1} g``,
+    with ``g = t1 - S_t m`` the expected gradient, exactly as the plain step
+    does. Where ``S_t > 0`` it is the plain step; fixed points with a
+    positive target precision are unchanged.
+    """
+    eta1, eta2 = lam
+    t1, t2 = target
+    prec = -2.0 * eta2
+    m = eta1 / prec
+    prec_t = -2.0 * t2
+    grad = t1 - prec_t * m
+    prec_new = (1.0 - beta) * prec + beta * jnp.abs(prec_t)
+    return (prec_new * m + beta * grad, -0.5 * prec_new)
+
+
 def moment_nodes(mu):
     """Two nodes ``m -+ sqrt(v)`` with weights 1/2 (exact for functions affine in ``phi``).
 

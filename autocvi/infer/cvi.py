@@ -139,6 +139,8 @@ class CVI:
             deterministic schedules, 1e-4 otherwise; 0 runs every step).
         structure: as :func:`autocvi.fit`: ``"joint"`` (latents a factor couples
             share one Gaussian q) or ``"mean-field"``.
+        init_strategy: where q starts, a NumPyro ``init_to_*`` strategy (see
+            :func:`autocvi.fit`).
 
     There is no guide argument: q is chosen by autocvi (one family per latent,
     Gaussian blocks where the structure allows); :meth:`guide` returns it as a
@@ -146,9 +148,17 @@ class CVI:
     """
 
     def __init__(
-        self, model, *, num_samples: int | None = None, step_size=None, tol=None, structure="joint"
+        self,
+        model,
+        *,
+        num_samples: int | None = None,
+        step_size=None,
+        tol=None,
+        structure="joint",
+        init_strategy=None,
     ):
         self.model = model
+        self.init_strategy = init_strategy
         self.num_samples = num_samples
         self.step_size = step_size
         self.tol = tol
@@ -374,6 +384,7 @@ class CVI:
             num_samples=self.num_samples,
             step_size=self.step_size,
             structure=self.structure,
+            init_strategy=self.init_strategy,
         )
 
     def _new_plan(self, traced: _Traced, schedule, inputs) -> _Plan:

@@ -116,6 +116,7 @@ def fit(
     progress_bar: bool = True,
     structure: str = "joint",
     num_restarts: int | None = None,
+    init_strategy=None,
 ) -> FitResult:
     """Fit a NumPyro model with conjugate-computation variational inference.
 
@@ -145,6 +146,10 @@ def fit(
             and ``restart_elbos`` lists all. Default 3 when the model has
             discrete latents (mixtures and topic models have many fixed
             points), else 1.
+        init_strategy: where q starts, as a NumPyro ``init_to_*`` strategy
+            (``init_to_median()``, ``init_to_uniform()``, ``init_to_value(values=...)``);
+            see :func:`autocvi.plan`. Flat priors (``ImproperUniform``) need no
+            strategy: they start at ``init_to_uniform``.
 
     Returns:
         a :class:`FitResult`.
@@ -153,7 +158,14 @@ def fit(
         rng_key = 0
     if isinstance(rng_key, int):
         rng_key = jax.random.PRNGKey(rng_key)
-    schedule = plan(model, data, num_samples=num_samples, step_size=step_size, structure=structure)
+    schedule = plan(
+        model,
+        data,
+        num_samples=num_samples,
+        step_size=step_size,
+        structure=structure,
+        init_strategy=init_strategy,
+    )
     if schedule.graph.params:
         warnings.warn(
             f"numpyro.param sites {', '.join(map(repr, schedule.graph.params))} are held at their "

@@ -22,9 +22,10 @@ import numpy as np
 import numpyro
 from numpyro import handlers
 from numpyro.distributions import Distribution, MaskedDistribution, constraints
+from numpyro.infer.initialization import init_to_sample
 
 from ..families.base import unwrap_distribution
-from .coordinates import MEMBER_FLAG
+from .coordinates import MEMBER_FLAG, JointCoordinates
 from .graph import FactorGraph, FactorNode, ParamNode, PlateInfo, VariableNode
 
 __all__ = ["trace_model", "ModelError", "base_distribution", "support_name"]
@@ -111,6 +112,32 @@ class MaskedPlaceholder(Distribution):
         return jnp.where(self.mask, self.base.log_prob(value), placeholder)
 
 
+class _InitialValues(numpyro.primitives.Messenger):
+    """Gives every latent site its starting value by a NumPyro init strategy.
+
+    ``init_strategy`` is one of NumPyro's ``init_to_*`` functions (or any
+    ``f(site) -> value or None``). The default, ``init_to_sample``, is a prior
+    draw; for distributions without ``sample`` (``ImproperUniform``, flat
+    priors) it falls back to ``init_to_uniform``: a uniform draw on
+    ``(-2, 2)`` of the unconstrained space, mapped to the support. Sites
+    whose value is substituted later (data, latent values) are overridden by
+    the outer ``substitute``.
+    """
+
+    def __init__(self, fn=None, init_strategy=None):
+        self.init_strategy = init_strategy or init_to_sample
+        super().__init__(fn)
+
+    def process_message(self, msg):
+        if msg["type"] != "sample" or msg["is_observed"] or msg["value"] is not None:
+            return
+        if msg["fn"].support.is_discrete or isinstance(msg["fn"], JointCoordinates):
+            return  # discrete sites are drawn; a joint group's start is set by its planner
+        value = self.init_strategy(msg)
+        if value is not None:
+            msg["value"] = value
+
+
 def _standard_normal_log_density(value):
     return -0.5 * value * value - 0.5 * jnp.log(2.0 * jnp.pi)
 
@@ -120,6 +147,7 @@ def trace_model(
     data: Mapping[str, Any] | None = None,
     *,
     rng_key: jax.Array | int = 0,
+    init_strategy: Callable | None = None,
 ) -> FactorGraph:
     """Trace ``model(**data)`` into the factor graph autocvi sees.
 
@@ -130,6 +158,11 @@ def trace_model(
             are not arrays (``N=10``, flags, lists) are passed through as is.
         rng_key: seed for the one model run that draws example latent values
             (and the indices of subsampled plates).
+        init_strategy: how latent sites get example and starting values: one
+            of NumPyro's ``init_to_sample`` (default), ``init_to_median``,
+            ``init_to_uniform``, ``init_to_value(values=...)``. Distributions
+            without ``sample`` (``ImproperUniform``) fall back to
+            ``init_to_uniform`` under the sampling strategies.
 
     Returns:
         a :class:`FactorGraph` with one variable per sample site, one factor
@@ -144,7 +177,7 @@ def trace_model(
     data = dict(data or {})
     _check_arguments(model, data)
     seed = int(rng_key) if isinstance(rng_key, int) else rng_key
-    model_trace = _run_model(model, data, seed)
+    model_trace = _run_model(model, data, seed, init_strategy)
     _check_missing_observations(model, data, model_trace)
 
     plate_sizes = _plate_sizes(model_trace)
@@ -180,7 +213,7 @@ def trace_model(
         if site["type"] == "plate" and site["args"][1] is not None
     }
 
-    builder = _site_fn_builder(model, data, plate_values)
+    builder = _site_fn_builder(model, data, plate_values, init_strategy)
     factor_names = [n for n in model_trace if n in site_nodes]
     used = _factor_dependencies(model, builder, factor_names, example)
     factors = {}
@@ -206,7 +239,21 @@ def trace_model(
         _site_fn_builder=builder,
         _example_values=example,
     )
+    _check_improper_priors(graph)
     return graph
+
+
+def _check_improper_priors(graph: FactorGraph) -> None:
+    """A flat prior that no other factor informs makes the posterior improper."""
+    for name, var in graph.variables.items():
+        if var.observed or var.distribution != "ImproperUniform":
+            continue
+        if not [f for f in graph.factors_of(name) if f != name]:
+            raise ModelError(
+                f"site {name!r} has an improper prior (ImproperUniform) and no likelihood or "
+                f"factor depends on it, so its posterior is improper too. Give it a proper "
+                f"prior (e.g. dist.Normal(0, 10)), or use it in the model."
+            )
 
 
 # ---------------------------------------------------------------- helpers
@@ -311,11 +358,12 @@ def _missing_none_arguments(model: Callable, data: dict) -> list[str]:
     return [n for n, p in params.items() if p.default is None and data.get(n) is None]
 
 
-def _run_model(model: Callable, data: dict, seed) -> dict:
+def _run_model(model: Callable, data: dict, seed, init_strategy=None) -> dict:
     recorder = _SiteRecorder()
+    fn = _InitialValues(handlers.seed(_ObservedAsArray(model), seed), init_strategy)
     try:
         with recorder:
-            return handlers.trace(handlers.seed(_ObservedAsArray(model), seed)).get_trace(**data)
+            return handlers.trace(fn).get_trace(**data)
     except ModelError:
         raise
     except Exception as err:  # re-raise with the site being evaluated
@@ -483,7 +531,9 @@ def _check_observed_value(site: dict, var: VariableNode) -> None:
         )
 
 
-def _site_fn_builder(model: Callable, data: dict, plate_values: dict) -> Callable:
+def _site_fn_builder(
+    model: Callable, data: dict, plate_values: dict, init_strategy=None
+) -> Callable:
     """``builder(site) -> site_fn``, where ``site_fn(values)`` re-runs the model.
 
     ``values`` holds latent and param values; subsampled plates use the
@@ -493,10 +543,9 @@ def _site_fn_builder(model: Callable, data: dict, plate_values: dict) -> Callabl
     def run(values, recorder: _SiteRecorder | None = None, rng_key=0):
         substituted = {**plate_values, **values}
         fn = _ObservedAsArray(model if recorder is None else recorder(model))
+        fn = _InitialValues(handlers.seed(fn, rng_key), init_strategy)
         with handlers.block():
-            return handlers.trace(
-                handlers.substitute(handlers.seed(fn, rng_key), data=substituted)
-            ).get_trace(**data)
+            return handlers.trace(handlers.substitute(fn, data=substituted)).get_trace(**data)
 
     def builder(name: str) -> Callable:
         def site_fn(values, with_scale: bool = False):

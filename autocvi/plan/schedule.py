@@ -189,6 +189,7 @@ def plan(
     num_samples: int | None = None,
     step_size: float | None = None,
     structure: str = "joint",
+    init_strategy=None,
     **options,
 ) -> Schedule:
     """The message-passing schedule autocvi will run for ``model(**data)``.
@@ -202,11 +203,17 @@ def plan(
         structure: ``"joint"`` (default): latents that a factor couples share
             one Gaussian over their unconstrained coordinates
             (:mod:`autocvi.analysis.joint`); ``"mean-field"``: one q per site.
+        init_strategy: a NumPyro ``init_to_*`` strategy for where q starts
+            (``init_to_median``, ``init_to_uniform``, ``init_to_value(values=...)``).
+            Default: Gaussian nodes of exponential-family priors start at their
+            prior, other sites at a prior draw (``init_to_uniform`` for sites
+            without ``sample``, such as ``ImproperUniform`` flat priors), and
+            joint groups at the centre of their unconstrained space.
         options: passed to :func:`build_schedule`.
     """
     if structure not in STRUCTURES:
         raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
-    graph = trace(model, data)
+    graph = trace(model, data, init_strategy=init_strategy)
     groups, notes = [], []
     if structure == "joint":
         groups, notes = find_joint_groups(graph, latent_layouts(graph))
@@ -214,7 +221,8 @@ def plan(
         schedule = build_schedule(graph, num_samples=num_samples, step_size=step_size, **options)
         schedule.notes = tuple(notes)
         return schedule
-    joint_graph = trace(joint_model(model, groups), data)
+    start = None if init_strategy is None else graph.example_values
+    joint_graph = trace(joint_model(model, groups, start), data, init_strategy=init_strategy)
     schedule = build_schedule(joint_graph, num_samples=num_samples, step_size=step_size, **options)
     schedule.joint = tuple(groups)
     schedule.notes = tuple(notes)
