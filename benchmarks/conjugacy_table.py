@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from . import common
+from . import driver as common
 
 DOC = common.ROOT / "docs" / "conjugacy.md"
 

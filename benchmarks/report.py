@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import common
+from . import driver as common
 
 DOC = common.ROOT / "docs" / "benchmarks.md"
 
