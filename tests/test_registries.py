@@ -87,3 +87,14 @@ def test_gaussian_families_keep_an_indefinite_step_in_the_domain():
 def test_family_registry_matches_by_isinstance(prior, family):
     found = families.family_for_distribution(prior)
     assert (found.name if found is not None else None) == family
+
+
+def test_block_solvers_implement_the_protocol():
+    from autocvi.blocks.block_solvers import BLOCK_SOLVERS, BlockSolver
+
+    methods = [n for n in vars(BlockSolver) if not n.startswith("_") and n != "name"]
+    assert set(methods) == {"solve", "moments", "precision", "sample"}
+    for key, solver in BLOCK_SOLVERS.items():
+        assert solver.name == key
+        for method in methods:
+            assert callable(getattr(solver, method)), (key, method)

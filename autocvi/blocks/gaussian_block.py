@@ -43,6 +43,7 @@ from ..analysis.layout import site_posterior
 from ..analysis.linear_predictor import LinearPredictor
 from ..model.message_kinds import EXACT
 from . import solvers as gs
+from .block_solvers import BLOCK_SOLVERS, BlockSolver
 
 __all__ = ["GaussianBlock", "find_block", "BlockPosterior"]
 
@@ -74,7 +75,7 @@ class GaussianBlock:
     """How a Gaussian node's posterior is computed from its prior and sites."""
 
     name: str
-    solver: str  # "weight-space" | "function-space" | "markov"
+    solver: str  # a key of BLOCK_SOLVERS: "weight-space" | "function-space" | "markov"
     # The factors whose sum is the Gaussian prior: the site's own prior, or the
     # members' priors of a joint group (autocvi.analysis.joint).
     prior_factors: tuple[str, ...]
@@ -90,7 +91,12 @@ class GaussianBlock:
     def factors(self) -> tuple[str, ...]:
         return self.prior_factors + tuple(t.factor for t in self.terms)
 
-    def _scale(self, u):
+    @property
+    def method(self) -> BlockSolver:
+        """The solver this block uses (:mod:`autocvi.blocks.block_solvers`)."""
+        return BLOCK_SOLVERS[self.solver]
+
+    def whitened_to_x(self, u):
         """x - m0 from whitened u (``(..., D)``): ``sd0 * u`` or ``L0 u``."""
         if "L0" in self.prior:
             return jnp.einsum("ij,...j->...i", self.prior["L0"], u)
@@ -125,16 +131,7 @@ class GaussianBlock:
     def solve(self, sites):
         """Posterior marginals of every predictor element, and the solver's factors."""
         lam1, lam2 = self._stacked(sites)
-        if self.solver == "markov":
-            (term,) = self.terms
-            p = self.prior
-            return gs.markov(
-                p["q_diag"], p["q_off"], p["h"], term.a, term.b, lam1, lam2, p["factored"]
-            )
-        At, mf = self.prior["At"], self.prior["mf"]
-        if self.solver == "weight-space":
-            return gs.weight_space(At, mf, lam1, lam2)
-        return gs.function_space(At, mf, lam1, lam2, self.prior.get("K"))
+        return self.method.solve(self, lam1, lam2)
 
     def _split(self, x):
         out, start = {}, 0
@@ -220,40 +217,13 @@ class GaussianBlock:
     # ------------------------------------------------------------ posterior
     def posterior_moments(self, sites):
         """Mean and marginal variance of x (the family layout of the site)."""
-        marginals, aux = self.solve(sites)
-        if self.solver == "markov":
-            return gs.markov_posterior(*aux)
-        m0, At = self.prior["m0"], self.prior["At"]
-        if self.solver == "weight-space":
-            mean_u, C = aux
-            inv_c = jax.scipy.linalg.solve_triangular(
-                C, jnp.eye(C.shape[0], dtype=C.dtype), lower=True
-            )
-            if "L0" in self.prior:  # Cov_x = L0 C^-T C^-1 L0^T
-                rows = self.prior["L0"] @ inv_c.T
-                return m0 + self._scale(mean_u), jnp.sum(rows * rows, axis=1)
-            var_u = jnp.sum(inv_c * inv_c, axis=0)
-        else:
-            alpha, s, C = aux
-            mean_u = At.T @ alpha
-            var_u = gs.function_space_weights(At, s, C)
-        sd0 = self.prior["sd0"]
-        return m0 + sd0 * mean_u, sd0 * sd0 * var_u
+        _, aux = self.solve(sites)
+        return self.method.moments(self, aux)
 
     def precision(self, sites):
         """Dense posterior precision of x (small blocks only)."""
-        lam1, lam2 = self._stacked(sites)
-        W = -2.0 * lam2
-        if self.solver == "markov":
-            p = self.prior
-            (term,) = self.terms
-            q = jnp.diag(p["q_diag"]) + jnp.diag(p["q_off"][1:], -1) + jnp.diag(p["q_off"][1:], 1)
-            return q + jnp.diag(term.a * term.a * W)
-        A = jnp.concatenate([t.A for t in self.terms])
-        prior_precision = self.prior.get("Q0")
-        if prior_precision is None:
-            prior_precision = jnp.diag(1.0 / self.prior["sd0"] ** 2)
-        return prior_precision + A.T @ (W[:, None] * A)
+        _, lam2 = self._stacked(sites)
+        return self.method.precision(self, -2.0 * lam2)
 
     def natural(self, sites):
         """Natural parameters ``(P m, -P/2)`` of q on x (small blocks only)."""
@@ -264,18 +234,8 @@ class GaussianBlock:
 
     def sample_x(self, sites, key, num_samples):
         """Draws of x from q without a D x D matrix."""
-        marginals, aux = self.solve(sites)
-        if self.solver == "markov":
-            return gs.markov_sample(key, aux[0], aux[1], num_samples)
-        m0, At = self.prior["m0"], self.prior["At"]
-        if self.solver == "weight-space":
-            mean_u, C = aux
-            e = jax.random.normal(key, (num_samples, C.shape[0]), C.dtype)
-            u = mean_u[None] + jax.scipy.linalg.solve_triangular(C.T, e.T, lower=False).T
-        else:
-            alpha, s, C = aux
-            u = gs.function_space_sample(key, At, alpha, s, C, num_samples)
-        return m0[None] + self._scale(u)
+        _, aux = self.solve(sites)
+        return self.method.sample(self, aux, key, num_samples)
 
     def posterior(self, sites):
         """q over the site's value: a MultivariateNormal when D is small, else a BlockPosterior."""
