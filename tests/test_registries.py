@@ -98,3 +98,27 @@ def test_block_solvers_implement_the_protocol():
         assert solver.name == key
         for method in methods:
             assert callable(getattr(solver, method)), (key, method)
+
+
+@pytest.mark.parametrize(
+    "d",
+    [
+        dist.Normal(0.0, 1.0),
+        dist.Normal(jnp.zeros(3), 1.0).to_event(1),
+        dist.MultivariateNormal(jnp.zeros(2), jnp.eye(2)),
+        dist.Gamma(2.0, 1.0),
+        dist.Exponential(1.0),
+        dist.Chi2(3.0),
+        dist.Beta(1.0, 2.0),
+        dist.Dirichlet(jnp.ones(3)),
+        dist.Categorical(logits=jnp.zeros(3)),
+        dist.OrderedLogistic(0.0, jnp.array([-1.0, 1.0])),
+        dist.Bernoulli(logits=0.0),
+        dist.HalfCauchy(1.0),
+        dist.Normal(jnp.zeros((2, 2)), 1.0).to_event(2),
+    ],
+    ids=lambda d: type(d).__name__,
+)
+def test_at_most_one_family_matches(d):
+    """Families declare their matches; the declarations never overlap."""
+    assert sum(f.matches(d) for f in families.FAMILIES.values()) <= 1

@@ -37,16 +37,6 @@ FAMILIES: dict[str, Family] = {
     f.name: f for f in (Normal, MultivariateNormal, Gamma, Beta, Dirichlet, Categorical, Bernoulli)
 }
 
-# numpyro base type -> family, tried in order (isinstance, so e.g. Chi2 -> Gamma).
-_BY_TYPE: tuple[tuple[type | tuple[type, ...], Family], ...] = (
-    (dist.MultivariateNormal, MultivariateNormal),
-    ((dist.Gamma, dist.Exponential), Gamma),
-    (dist.Beta, Beta),
-    (dist.Dirichlet, Dirichlet),
-    ((dist.CategoricalProbs, dist.CategoricalLogits), Categorical),
-    ((dist.BernoulliProbs, dist.BernoulliLogits), Bernoulli),
-)
-
 
 def family_for_distribution(d: dist.Distribution) -> Family | None:
     """The family of a numpyro distribution, or ``None`` if none matches.
@@ -59,18 +49,12 @@ def family_for_distribution(d: dist.Distribution) -> Family | None:
     ``Gamma``; ``CategoricalProbs``/``CategoricalLogits`` give ``Categorical``;
     ``BernoulliProbs``/``BernoulliLogits`` give ``Bernoulli``.  Subclasses
     match their parent (``Chi2`` -> Gamma, ``BetaProportion`` -> Beta,
-    ``OrderedLogistic`` -> Categorical).
+    ``OrderedLogistic`` -> Categorical). Each family's module declares what it
+    matches (``matches``), so a new family is one module plus its entry in
+    ``FAMILIES``.
     """
-    base = unwrap_distribution(d)
-    if isinstance(base, dist.Normal):
-        n_event = len(d.event_shape)
-        if n_event == 0:
-            return Normal
-        if n_event == 1:
-            return MultivariateNormal
-        return None
-    for types, family in _BY_TYPE:
-        if isinstance(base, types):
+    for family in FAMILIES.values():
+        if family.matches(d):
             return family
     return None
 

@@ -54,6 +54,9 @@ class Family(NamedTuple):
     from_numpyro: Callable  # numpyro Distribution of the matching type -> lam
     is_valid: Callable  # lam -> bool array, shape batch: lam inside the natural domain
     moment_nodes: Callable  # mu -> (nodes, weights)
+    matches: (
+        Callable  # numpyro Distribution -> bool: a prior of this family (isinstance, event dims)
+    )
     # (lam, target, beta) -> lam: a step towards ``target`` that stays in the natural
     # domain whatever ``target`` is (None: the engine halves beta until valid instead)
     domain_preserving_step: Callable | None = None

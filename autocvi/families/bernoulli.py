@@ -89,4 +89,9 @@ def moment_nodes(mu):
     return nodes, weights
 
 
+def matches(d):
+    """``Bernoulli`` by probs or logits."""
+    return isinstance(unwrap_distribution(d), (dist.BernoulliProbs, dist.BernoulliLogits))
+
+
 Bernoulli = family_from_namespace("Bernoulli", 0, globals())

@@ -120,4 +120,9 @@ def moment_nodes(mu):
     return nodes, weights
 
 
+def matches(d):
+    """``Beta`` and its subclasses (``BetaProportion``)."""
+    return isinstance(unwrap_distribution(d), dist.Beta)
+
+
 Beta = family_from_namespace("Beta", 0, globals())

@@ -112,4 +112,9 @@ def moment_nodes(mu):
     return nodes, weights
 
 
+def matches(d):
+    """``Categorical`` by probs or logits, and subclasses (``OrderedLogistic``)."""
+    return isinstance(unwrap_distribution(d), (dist.CategoricalProbs, dist.CategoricalLogits))
+
+
 Categorical = family_from_namespace("Categorical", 0, globals())

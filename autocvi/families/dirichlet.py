@@ -170,4 +170,9 @@ def moment_nodes(mu):
     return nodes, jnp.ones(nodes.shape[:-1], dtype=nodes.dtype)
 
 
+def matches(d):
+    """``Dirichlet``."""
+    return isinstance(unwrap_distribution(d), dist.Dirichlet)
+
+
 Dirichlet = family_from_namespace("Dirichlet", 1, globals())

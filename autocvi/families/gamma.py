@@ -147,4 +147,9 @@ def moment_nodes(mu):
     return nodes, weights
 
 
+def matches(d):
+    """``Gamma`` and its subclasses (``Chi2``), and ``Exponential`` (``Gamma(1, rate)``)."""
+    return isinstance(unwrap_distribution(d), (dist.Gamma, dist.Exponential))
+
+
 Gamma = family_from_namespace("Gamma", 0, globals())

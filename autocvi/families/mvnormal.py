@@ -183,4 +183,12 @@ def moment_nodes(mu):
     return nodes, weights
 
 
+def matches(d):
+    """A ``MultivariateNormal``, or a ``Normal`` with one event dimension (``.to_event(1)``)."""
+    base = unwrap_distribution(d)
+    if isinstance(base, dist.Normal):
+        return len(d.event_shape) == 1
+    return isinstance(base, dist.MultivariateNormal)
+
+
 MultivariateNormal = family_from_namespace("MultivariateNormal", 1, globals())

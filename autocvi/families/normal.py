@@ -131,4 +131,9 @@ def moment_nodes(mu):
     return nodes, weights
 
 
+def matches(d):
+    """A ``Normal`` with no event dimensions (elementwise)."""
+    return isinstance(unwrap_distribution(d), dist.Normal) and len(d.event_shape) == 0
+
+
 Normal = family_from_namespace("Normal", 0, globals())
