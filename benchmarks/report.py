@@ -19,13 +19,16 @@ DOC = common.ROOT / "docs" / "benchmarks.md"
 
 INTRO = """# Benchmark results
 
-Every benchmark runs autocvi and its peers **in one process on the same data**,
-scores every posterior with **one common estimator**, and writes a JSON record, a
-markdown report and a plot to `benchmarks/results/`. How time is measured
-(compilation excluded from loop times and reported separately) and every setting are in
-[`benchmarks/README.md`](../benchmarks/README.md) and in each report. This page is
+Every benchmark runs autocvi and its peers **in one process on the same data** on one driver
+(`benchmarks/driver.py`: a `Method` protocol implemented for autocvi through its public `CVI`
+API, NumPyro SVI and BayesPy; one timed runner; one Monte Carlo ELBO scorer with common random
+numbers; tables and plots declared per benchmark), and writes a JSON record, a markdown report
+and a plot to `benchmarks/results/`. How time is measured (compilation and setup excluded from
+loop times and reported separately, fastest of repeated identical runs) and every setting are
+in [`benchmarks/README.md`](../benchmarks/README.md) and in each report. This page is
 generated from those reports by `python -m benchmarks` (which runs every benchmark, then
-`benchmarks/report.py`): the tables below are copied from the reports, not typed.
+`benchmarks/report.py`): the tables below are copied from the reports, not typed. autocvi on
+the model zoo (`tests/zoo`) against NUTS is on [its own page](zoo.md) (`python -m benchmarks zoo`).
 
 Regenerate everything with `pip install -e ".[benchmarks]" && python -m benchmarks`
 (sized for under 30 minutes on 2 CPU cores), or one part, e.g.
