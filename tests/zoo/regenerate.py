@@ -35,6 +35,7 @@ from jax.example_libraries.optimizers import exponential_decay  # noqa: E402
 from numpyro.diagnostics import effective_sample_size, split_gelman_rubin  # noqa: E402
 from numpyro.infer import MCMC, NUTS, SVI, Trace_ELBO  # noqa: E402
 from numpyro.infer.autoguide import AutoMultivariateNormal  # noqa: E402
+from numpyro.infer.reparam import LocScaleReparam  # noqa: E402
 from numpyro.optim import Adam  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -59,27 +60,6 @@ SVI_SETTINGS = dict(
     laplace="MAP by scipy L-BFGS-B from numpyro's init_to_uniform, 20 Newton steps, "
     "q = N(MAP, H^-1) in the unconstrained space, same 2,000-particle ELBO",
 )
-
-# Per-model deviations from the defaults (recorded in the JSON).
-OVERRIDES = {
-    # NUTS on the marginal model (z summed out); SVI on the model with z impossible here.
-    "iris_mixture": dict(nuts_model="iris_mixture_marginal"),
-    # With the default diagonal mass matrix NUTS did not mix (r_hat 1.15 on offset and
-    # level: offset + level is identified only through level[0]'s prior).
-    "local_level": dict(
-        nuts_kwargs=dict(dense_mass=True),
-        nuts_note="dense_mass=True: with the default diagonal mass matrix (seed 0) r_hat max "
-        "was 1.148 on offset/level (offset and a shift of the whole level path are "
-        "identified only through level[0]'s prior)",
-    ),
-    # The same non-identifiability (offset + a shift of the walk) as local_level.
-    "poisson_random_walk": dict(
-        nuts_kwargs=dict(dense_mass=True),
-        nuts_note="dense_mass=True: with the default diagonal mass matrix (seed 0) r_hat max "
-        "was 1.153 (offset and a shift of the walk are identified only through f[0]'s prior)",
-    ),
-}
-SKIP = {"iris_mixture_marginal"}  # a helper of iris_mixture, not its own reference
 
 
 def sig(x, digits=6):
@@ -115,20 +95,52 @@ def summarise(draws, kind):
     }
 
 
-def order_mixture_components(samples):
-    """Undo label switching: sort components by locs[..., 0] in every draw."""
-    order = np.argsort(samples["locs"][..., 0], axis=-1)  # (chains, draws, K)
-    out = dict(samples)
-    out["locs"] = np.take_along_axis(samples["locs"], order[..., None], axis=-2)
-    out["prec"] = np.take_along_axis(samples["prec"], order, axis=-1)
-    out["weights"] = np.take_along_axis(samples["weights"], order, axis=-1)
-    return out
+def _index_str(site, index):
+    """'locs[:, 0]' for ("locs", (slice(None), 0)); 'rate' for ("rate", ())."""
+    parts = [":" if i == slice(None) else str(i) for i in index]
+    return f"{site}[{', '.join(parts)}]" if parts else site
 
 
-def run_nuts(name, model, data, nuts_kwargs=None):
+def canonicalise(samples, steps):
+    """Undo label switching / sign symmetries in every draw (see ``OVERRIDES``).
+
+    Each step is ``dict(op, key=(site, index), sites={site: axis})``: ``index`` picks,
+    in one draw of ``site``, one value per component (shape ``(K,)``); ``sites`` maps
+    each site to permute/flip to its component axis within one draw. ``op="sort"``
+    reorders the components by increasing key; ``op="sign"`` multiplies the
+    components whose key is negative by -1 (a symmetry such as tanh(-x) = -tanh(x)).
+    Returns the new samples and a note per step."""
+    out, notes = dict(samples), []
+    for step in steps:
+        key_site, index = step["key"]
+        key = out[key_site][(slice(None), slice(None)) + tuple(index)]  # (chains, draws, K)
+        for site, axis in step["sites"].items():
+            x = np.moveaxis(out[site], 2 + axis, 2)  # component axis after (chains, draws)
+            tail = (1,) * (x.ndim - 3)
+            if step["op"] == "sort":
+                order = np.argsort(key, axis=-1).reshape(key.shape + tail)
+                x = np.take_along_axis(x, order, axis=2)
+            elif step["op"] == "sign":
+                x = x * np.where(key < 0, -1.0, 1.0).reshape(key.shape + tail)
+            else:
+                raise ValueError(f"unknown canonicalisation op {step['op']!r}")
+            out[site] = np.moveaxis(x, 2, 2 + axis)
+        what = "sorted by increasing" if step["op"] == "sort" else "sign-flipped where negative:"
+        notes.append(
+            f"in every draw, components {what} {_index_str(key_site, index)} "
+            f"(applied to {', '.join(step['sites'])})"
+        )
+    return out, notes
+
+
+def run_nuts(model, data, ov):
     s = NUTS_SETTINGS
+    reparam = ov.get("nuts_reparam", {})  # site -> LocScaleReparam centeredness
+    if reparam:
+        config = {k: LocScaleReparam(centered=c) for k, c in reparam.items()}
+        model = numpyro.handlers.reparam(model, config=config)
     mcmc = MCMC(
-        NUTS(model, **(nuts_kwargs or {})),
+        NUTS(model, **ov.get("nuts_kwargs", {})),
         num_warmup=s["num_warmup"],
         num_samples=s["num_samples"],
         num_chains=s["num_chains"],
@@ -142,24 +154,29 @@ def run_nuts(name, model, data, nuts_kwargs=None):
     extra = mcmc.get_extra_fields(group_by_chain=True)
     latent = set(mcmc.last_state.z.keys())
     notes = []
-    if name == "iris_mixture":
-        samples = order_mixture_components(samples)
-        notes.append("label switching undone: components sorted by locs[k, 0] in every draw")
-    if name == "missing_obs_regression":
-        # y_unobserved has one entry per row; only the masked-out rows have a density
-        # (the others are flat). Keep the 20 imputed entries; drop the deterministic y.
-        missing = np.flatnonzero(~np.asarray(data["mask"]))
-        samples["y_unobserved"] = samples["y_unobserved"][..., missing]
-        samples.pop("y")
+    for k in reparam:
+        # the reparameterised site is a deterministic function of <k>_decentered: store
+        # it as the latent of the model as written, and drop the auxiliary site
+        samples.pop(f"{k}_decentered")
+        latent.discard(f"{k}_decentered")
+        latent.add(k)
+    if reparam:
         notes.append(
-            "y_unobserved restricted to the masked-out rows (see 'indices'); its other entries "
-            "have no density (flat under NUTS) and are not stored; deterministic y not stored"
+            f"NUTS ran with LocScaleReparam on {', '.join(reparam)} (centeredness "
+            f"{', '.join(str(c) for c in reparam.values())}): the same posterior, a "
+            "different parameterisation; the auxiliary *_decentered sites are not stored"
         )
+    if "canonicalise" in ov:
+        samples, steps_notes = canonicalise(samples, ov["canonicalise"])
+        notes.extend(steps_notes)
+    extra_site_info = {}
+    if "nuts_postprocess" in ov:
+        samples, extra_site_info, post_notes = ov["nuts_postprocess"](samples, data)
+        notes.extend(post_notes)
     sites = {}
     for k, v in samples.items():
         sites[k] = summarise(v, "latent" if k in latent else "deterministic")
-    if name == "missing_obs_regression":
-        sites["y_unobserved"]["indices"] = missing.tolist()
+        sites[k].update(extra_site_info.get(k, {}))
     r_hats = [r for site in sites.values() for r in site["r_hat"] if r is not None]
     n_effs = [n for site in sites.values() for n in site["n_eff"] if n is not None]
     ss = mcmc.last_state.adapt_state.step_size
@@ -310,6 +327,20 @@ def run_svi(model, data, steps=None, polish_steps=None):
 # Model-specific extras
 
 
+def missing_obs_nuts(samples, data):
+    """y_unobserved has one entry per row; only the masked-out rows have a density
+    (the others are flat). Keep the 20 imputed entries; drop the deterministic y."""
+    missing = np.flatnonzero(~np.asarray(data["mask"]))
+    samples = dict(samples)
+    samples["y_unobserved"] = samples["y_unobserved"][..., missing]
+    samples.pop("y")
+    note = (
+        "y_unobserved restricted to the masked-out rows (see 'indices'); its other entries "
+        "have no density (flat under NUTS) and are not stored; deterministic y not stored"
+    )
+    return samples, {"y_unobserved": {"indices": missing.tolist()}}, [note]
+
+
 def missing_obs_explicit(data):
     """missing_obs_regression with the imputed responses as an explicit 20-d latent:
     same joint density over (w, y_missing), but no flat dimensions (see notes)."""
@@ -384,6 +415,100 @@ def gp_exact(data):
 
 
 # --------------------------------------------------------------------------
+# Per-model deviations from the defaults (recorded in the JSON). Keys:
+#   nuts_model        run NUTS (and, with svi="nuts_model", SVI) on this MODELS entry
+#                     instead: the *_marginal twin of a model with discrete latents
+#   nuts_kwargs       passed to NUTS(); nuts_note is appended to nuts.notes
+#   nuts_reparam      {site: centeredness}: NUTS runs on the model under
+#                     handlers.reparam with LocScaleReparam (same posterior); the site is
+#                     stored as a latent, its *_decentered auxiliary dropped
+#   canonicalise      label-switching / sign steps applied to every NUTS draw (see
+#                     canonicalise())
+#   nuts_postprocess  f(samples, data) -> (samples, extra per-site fields, notes)
+#   svi               "nuts_model": out["svi"] is null (svi_skipped_reason) and
+#                     out["svi_marginal"] is the baseline of the twin
+#   svi_model         f(data) -> model run by SVI with no data (svi_note appended)
+#   exact             f(data) -> out["exact"] (closed-form / quadrature answers)
+
+DISCRETE_SVI_REASON = (
+    "{name} has a discrete latent ({sites}); NumPyro's AutoMultivariateNormal guides "
+    "continuous sites only, so Trace_ELBO cannot run on the model as written. "
+    "'svi_marginal' holds the AutoMultivariateNormal ELBO of {twin} (the discrete sites "
+    "summed out) instead: a different objective, not an ELBO of {name} (for the same "
+    "Gaussian q over the continuous sites it equals TraceEnum_ELBO with exact "
+    "enumeration, an upper bound on any ELBO of {name} that adds a q over the "
+    "discrete sites)."
+)
+
+OVERRIDES = {
+    "iris_mixture": dict(
+        nuts_model="iris_mixture_marginal",
+        svi="nuts_model",
+        discrete_sites="z",
+        canonicalise=[
+            dict(
+                op="sort",
+                key=("locs", (slice(None), 0)),
+                sites={"locs": 0, "prec": 0, "weights": 0},
+            )
+        ],
+    ),
+    "missing_obs_regression": dict(
+        nuts_postprocess=missing_obs_nuts,
+        svi_model=missing_obs_explicit,
+        svi_note="SVI run on an equivalent model with y_unobserved as an explicit 20-d latent: "
+        "on the model as written, AutoMultivariateNormal also covers the 80 observed rows' "
+        "entries of y_unobserved, which have no density, so the ELBO is unbounded (their scale "
+        "grows forever). This ELBO counts only the observed rows' likelihood and the 20 "
+        "imputed entries.",
+        exact=missing_obs_exact,
+    ),
+    "gp_latent_lengthscale": dict(exact=gp_exact),
+    # With the default diagonal mass matrix NUTS did not mix (r_hat 1.15 on offset and
+    # level: offset + level is identified only through level[0]'s prior).
+    "local_level": dict(
+        nuts_kwargs=dict(dense_mass=True),
+        nuts_note="dense_mass=True: with the default diagonal mass matrix (seed 0) r_hat max "
+        "was 1.148 on offset/level (offset and a shift of the whole level path are "
+        "identified only through level[0]'s prior)",
+    ),
+    # The same non-identifiability (offset + a shift of the walk) as local_level.
+    "poisson_random_walk": dict(
+        nuts_kwargs=dict(dense_mass=True),
+        nuts_note="dense_mass=True: with the default diagonal mass matrix (seed 0) r_hat max "
+        "was 1.153 (offset and a shift of the walk are identified only through f[0]'s prior)",
+    ),
+    "poisson_mixture": dict(
+        nuts_model="poisson_mixture_marginal",
+        svi="nuts_model",
+        discrete_sites="z",
+        canonicalise=[dict(op="sort", key=("rate", ()), sites={"rate": 0, "weights": 0})],
+    ),
+    "lda": dict(
+        nuts_model="lda_marginal",
+        svi="nuts_model",
+        discrete_sites="z, one topic per word",
+        # topic 1 of the simulation favours words 4-7: sorting by phi[:, 4] puts it last
+        canonicalise=[dict(op="sort", key=("phi", (slice(None), 4)), sites={"phi": 0, "theta": 1})],
+    ),
+    "poisson_factorisation": dict(
+        # column 6 loads on the simulation's factor 1: sorting by V[6, :] puts it last
+        canonicalise=[dict(op="sort", key=("V", (6, slice(None))), sites={"U": 1, "V": 1})],
+    ),
+    "bnn_moons": dict(
+        # hidden units are exchangeable and tanh is odd: make every output weight
+        # positive (flipping the unit's input weights and bias), then sort the units
+        canonicalise=[
+            dict(op="sign", key=("w2", ()), sites={"w1": 1, "b1": 0, "w2": 0}),
+            dict(op="sort", key=("w2", ()), sites={"w1": 1, "b1": 0, "w2": 0}),
+        ],
+    ),
+}
+# The twins that NUTS runs on instead: helpers, not references of their own.
+SKIP = {ov["nuts_model"] for ov in OVERRIDES.values() if "nuts_model" in ov}
+
+
+# --------------------------------------------------------------------------
 
 
 def regenerate(name):
@@ -407,7 +532,7 @@ def regenerate(name):
     print(f"[{name}] NUTS ...", flush=True)
     if "nuts_kwargs" in ov:
         out["settings"]["nuts"]["nuts_kwargs"] = ov["nuts_kwargs"]
-    out["nuts"] = run_nuts(name, nuts_model, nuts_data, ov.get("nuts_kwargs"))
+    out["nuts"] = run_nuts(nuts_model, nuts_data, ov)
     if "nuts_note" in ov:
         out["nuts"]["notes"].append(ov["nuts_note"])
     print(
@@ -417,29 +542,20 @@ def regenerate(name):
     )
 
     print(f"[{name}] SVI ...", flush=True)
-    if name == "iris_mixture":
+    if ov.get("svi") == "nuts_model":
         out["svi"] = None
-        out["svi_skipped_reason"] = (
-            "iris_mixture has a discrete latent z; NumPyro SVI with AutoMultivariateNormal cannot "
-            "guide it and TraceEnum_ELBO needs funsor (not installed). 'svi_marginal' holds the "
-            "AutoMultivariateNormal ELBO of iris_mixture_marginal (z summed out) instead: a "
-            "different objective, not an ELBO of iris_mixture."
+        out["svi_skipped_reason"] = DISCRETE_SVI_REASON.format(
+            name=name, sites=ov["discrete_sites"], twin=nuts_name
         )
         out["svi_marginal"] = with_laplace(run_svi(nuts_model, nuts_data), nuts_model, nuts_data)
-    elif name == "missing_obs_regression":
-        explicit = missing_obs_explicit(data)
-        out["svi"] = with_laplace(run_svi(explicit, {}), explicit, {})
-        out["svi"]["notes"].append(
-            "SVI run on an equivalent model with y_unobserved as an explicit 20-d latent: on the "
-            "model as written, AutoMultivariateNormal also covers the 80 observed rows' entries of "
-            "y_unobserved, which have no density, so the ELBO is unbounded (their scale grows "
-            "forever). This ELBO counts only the observed rows' likelihood and the 20 imputed entries."
-        )
-        out["exact"] = missing_obs_exact(data)
+    elif "svi_model" in ov:
+        svi_model = ov["svi_model"](data)
+        out["svi"] = with_laplace(run_svi(svi_model, {}), svi_model, {})
+        out["svi"]["notes"].append(ov["svi_note"])
     else:
         out["svi"] = with_laplace(run_svi(model, data), model, data)
-    if name == "gp_latent_lengthscale":
-        out["exact"] = gp_exact(data)
+    if "exact" in ov:
+        out["exact"] = ov["exact"](data)
     svi = out.get("svi") or out.get("svi_marginal")
     print(
         f"[{name}] SVI best lr {svi.get('best_lr')}, ELBO {svi['elbo']}, Laplace ELBO "
