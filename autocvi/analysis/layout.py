@@ -28,6 +28,7 @@ from numpyro.distributions.transforms import ReshapeTransform, biject_to
 
 from .. import families
 from ..model.coordinates import JointCoordinates
+from ..model.trace import ModelError
 
 __all__ = ["LatentLayout", "GAUSSIAN_PRIORS", "make_layout", "site_posterior"]
 
@@ -203,7 +204,7 @@ def make_layout(
     if fam is not None:
         return LatentLayout(name, fam, fam, shape, plate_ndim, shape)
     # Not an exponential family: a Gaussian on the unconstrained space.
-    transform = biject_to(prior.support)
+    transform = _unconstraining_transform(name, prior)
     ushape = tuple(transform.inverse_shape(shape))
     uinner = ushape[plate_ndim:]
     if math.prod(uinner) > 1:
@@ -217,6 +218,28 @@ def make_layout(
             transform,
         )
     return LatentLayout(name, "Unconstrained", "Normal", shape, plate_ndim, ushape, transform)
+
+
+def _unconstraining_transform(name: str, prior):
+    """``biject_to(support)``, or an error naming the site and what to change."""
+    dname = type(families.unwrap_distribution(prior)).__name__
+    if prior.support.is_discrete:
+        raise ModelError(
+            f"latent site {name!r} is discrete with a {dname} prior; autocvi infers discrete "
+            f"latents only as Categorical or Bernoulli (each value enumerated exactly). "
+            f"Rewrite it as a Categorical over its possible values, or sum it out of the "
+            f"model (e.g. dist.MixtureSameFamily, or numpyro.factor with a logsumexp over "
+            f"a truncated range)."
+        )
+    try:
+        return biject_to(prior.support)
+    except NotImplementedError:
+        raise ModelError(
+            f"latent site {name!r}: its {dname} prior has support {prior.support}, which has "
+            f"no bijection to unconstrained space in NumPyro (biject_to), so no Gaussian q "
+            f"can be placed on it. Reparameterise the site with a supported constraint "
+            f"(real, positive, interval, simplex, ordered_vector, corr_cholesky, ...)."
+        ) from None
 
 
 def site_posterior(lay: LatentLayout, lam):

@@ -376,7 +376,7 @@ def _run_model(model: Callable, data: dict, seed, init_strategy=None) -> dict:
             )
         raise ModelError(
             f"{_name(model)}() raised {type(err).__name__} {_locate(err, recorder)} when run "
-            f"with the data: {err}{hint}"
+            f"with the data: {str(err) or '(the exception has no message)'}{hint}"
         ) from err
 
 
