@@ -10,7 +10,16 @@ Layers (each imports only from the ones before it; ``tests/test_layers.py``):
 from . import datasets
 from .analysis import trace
 from .engine import CVIInfo, CVIState, cvi
-from .infer import CVI, CVIGuide, CVIRunResult, CVIRunState, FitResult, fit, print_summary
+from .infer import (
+    CVI,
+    CVIGuide,
+    CVIRunResult,
+    CVIRunState,
+    FitResult,
+    IllConditionedError,
+    fit,
+    print_summary,
+)
 from .model import (
     EdgeInfo,
     FactorGraph,
@@ -34,6 +43,7 @@ __all__ = [
     "CVIGuide",
     "print_summary",
     "FitResult",
+    "IllConditionedError",
     "Schedule",
     "CVIState",
     "CVIInfo",

@@ -1,13 +1,14 @@
 """Layer 7, inference API: the loop, convergence, results, ``fit``."""
 
 from .cvi import CVI, CVIRunResult, CVIRunState
-from .fit import FitResult, fit
+from .fit import FitResult, IllConditionedError, fit
 from .guide import CVIGuide
 from .summary import print_summary
 
 __all__ = [
     "FitResult",
     "fit",
+    "IllConditionedError",
     "CVI",
     "CVIRunState",
     "CVIRunResult",

@@ -17,7 +17,25 @@ from ..model.graph import FactorGraph, _format_table
 from ..plan.schedule import Schedule, plan
 from .convergence import WINDOW, Diagnostics, FitWarning, converged_now, diagnose, report
 
-__all__ = ["fit", "FitResult"]
+__all__ = ["fit", "FitResult", "IllConditionedError"]
+
+
+def _ill_conditioned(name: str, lam) -> IllConditionedError:
+    """The error for a q whose precision fails its Cholesky at this dtype."""
+    prec = -2.0 * np.asarray(lam[1], dtype=np.float64)
+    detail = ""
+    if prec.ndim >= 2:
+        ev = np.linalg.eigvalsh(0.5 * (prec + np.swapaxes(prec, -1, -2)))
+        ratio = float(np.max(np.abs(ev)) / max(float(np.min(np.abs(ev))), 1e-300))
+        detail = f" (condition number of its precision ~{ratio:.1e})"
+    dtype = jnp.asarray(lam[1]).dtype
+    return IllConditionedError(
+        f"q for {name!r} is too ill-conditioned to represent in {dtype}{detail}: its "
+        f"coordinates are strongly correlated or on very different scales (an uncentred "
+        f"predictor in the thousands makes the intercept and slope correlated at -0.9999). "
+        f"Centre and scale the predictors, or enable float64 before anything else runs: "
+        f"jax.config.update('jax_enable_x64', True)."
+    )
 
 
 @dataclass
@@ -390,16 +408,22 @@ def _chunk_runner(step, tol: float, exact: bool, subsampled: bool = False):
     return run
 
 
+class IllConditionedError(ValueError):
+    """q's covariance cannot be represented at the working precision."""
+
+
 def posterior_of(schedule: Schedule, state) -> dict:
     """q per latent site of the user's model (joint groups split into their members)."""
     out = {}
     for n, node in schedule.nodes.items():
         lam = state.natural[n]
-        out[n] = (
-            schedule.blocks[n].posterior(lam)
-            if n in schedule.blocks
-            else site_posterior(node.layout, lam)
-        )
+        if n in schedule.blocks:
+            out[n] = schedule.blocks[n].posterior(lam)
+            continue
+        try:
+            out[n] = site_posterior(node.layout, lam)
+        except ValueError as err:
+            raise _ill_conditioned(n, lam) from err
     for group in schedule.joint:
         out.update(member_posteriors(group, out.pop(group.name)))
     return out
