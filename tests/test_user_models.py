@@ -222,42 +222,7 @@ def test_gp_with_latent_lengthscale_does_not_hang():
 
 # ------------------------------------------------------- issue 12 (slow, NUTS)
 
-SLOW_MODELS = [
-    "logistic_plate_intercept",
-    "poisson_glm",
-    "studentt_intercept_regression",
-    "negbin_randhie",
-    "local_level",
-    "poisson_random_walk",
-    "eight_schools",
-    "gp_latent_lengthscale",
-    "iris_mixture",
-]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", SLOW_MODELS)
-def test_user_model_against_nuts_and_svi(name):
-    if name == "iris_mixture":
-        return check_mixture()
-    check_against_references(name)
-
-
-def check_mixture():
-    """Labels are exchangeable: compare components sorted by their first coordinate,
-    as the reference does."""
-    model, data = user_models.iris_mixture()
-    ref = reference("iris_mixture")["nuts"]["sites"]
-    result, _ = fit_quietly(model, data)
-    locs = np.asarray(result.posterior["locs"].mean).reshape(3, 2)
-    order = np.argsort(locs[:, 0])
-    z = np.abs(locs[order].ravel() - np.asarray(ref["locs"]["mean"])) / np.asarray(
-        ref["locs"]["sd"]
-    )
-    weights = np.asarray(result.posterior["weights"].mean)[order]
-    assert result.converged
-    assert z.max() < 0.2, z
-    np.testing.assert_allclose(weights, ref["weights"]["mean"], atol=0.05)
+# The slow comparisons of every model against NUTS and SVI are in tests/test_zoo.py.
 
 
 @pytest.mark.slow

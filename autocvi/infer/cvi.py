@@ -131,8 +131,8 @@ class CVI:
 
     Args:
         model: a NumPyro model.
-        num_samples: Monte Carlo draws per estimated message (default: 16, or twice
-            the dimension of the largest Gaussian node with Monte Carlo messages, up to 64).
+        num_samples: Monte Carlo draws per estimated message (default: 64 when a
+            multivariate Gaussian node has Monte Carlo messages, else 16).
         step_size: beta; default as :func:`autocvi.fit` (1 when every message is
             exact, 0.1 with Fisher-route messages, else 0.5).
         tol: convergence tolerance of :meth:`run` (default as ``fit``: 1e-6 for

@@ -146,8 +146,8 @@ def fit(
         step_size: beta; default 1 when every message is exact (VMP), 0.1 with
             Fisher-route messages, else 0.5.
         rng_key: a ``jax.random.PRNGKey`` or an int seed (default 0).
-        num_samples: Monte Carlo draws per estimated message (default: 16, or twice
-            the dimension of the largest Gaussian node with Monte Carlo messages, up to 64).
+        num_samples: Monte Carlo draws per estimated message (default: 64 when a
+            multivariate Gaussian node has Monte Carlo messages, else 16).
         tol: convergence tolerance (:mod:`autocvi.infer.convergence`): on
             three successive relative ELBO changes (default 1e-6) when every
             message is deterministic (exact or Gauss-Hermite, no

@@ -22,7 +22,7 @@ import numpy as np
 import numpyro
 from numpyro import handlers
 from numpyro.distributions import Distribution, MaskedDistribution, constraints
-from numpyro.infer.initialization import init_to_sample
+from numpyro.infer.initialization import init_to_median, init_to_sample, init_to_uniform
 
 from ..families.base import unwrap_distribution
 from .coordinates import MEMBER_FLAG, JointCoordinates
@@ -177,7 +177,7 @@ def trace_model(
     data = dict(data or {})
     _check_arguments(model, data)
     seed = int(rng_key) if isinstance(rng_key, int) else rng_key
-    model_trace = _run_model(model, data, seed, init_strategy)
+    model_trace, init_strategy = _run_model(model, data, seed, init_strategy)
     _check_missing_observations(model, data, model_trace)
 
     plate_sizes = _plate_sizes(model_trace)
@@ -358,26 +358,61 @@ def _missing_none_arguments(model: Callable, data: dict) -> list[str]:
     return [n for n, p in params.items() if p.default is None and data.get(n) is None]
 
 
-def _run_model(model: Callable, data: dict, seed, init_strategy=None) -> dict:
-    recorder = _SiteRecorder()
-    fn = _InitialValues(handlers.seed(_ObservedAsArray(model), seed), init_strategy)
-    try:
-        with recorder:
-            return handlers.trace(fn).get_trace(**data)
-    except ModelError:
-        raise
-    except Exception as err:  # re-raise with the site being evaluated
-        missing = _missing_none_arguments(model, data)
-        hint = ""
-        if missing:
-            hint = (
-                f" Note: data has no value for {', '.join(map(repr, missing))} (default None); "
-                f"if the model needs it, add it to data."
-            )
-        raise ModelError(
-            f"{_name(model)}() raised {type(err).__name__} {_locate(err, recorder)} when run "
-            f"with the data: {str(err) or '(the exception has no message)'}{hint}"
-        ) from err
+# Tried in turn when the user gives no init strategy: a prior draw of a heavy-tailed
+# prior (HalfCauchy scales) can overflow the model (exp of a huge log-variance);
+# the prior median, then NumPyro's own default, are tamer starts.
+_FALLBACK_STRATEGIES = (init_to_sample, init_to_median(num_samples=15), init_to_uniform(radius=2))
+
+
+def _run_model(model: Callable, data: dict, seed, init_strategy=None):
+    """``(trace, strategy)``: one run of the model, and the init strategy that gave it.
+
+    Without a user strategy, a run that raises or whose densities are not finite
+    at the drawn values is retried with the next of ``_FALLBACK_STRATEGIES``.
+    """
+    strategies = (init_strategy,) if init_strategy is not None else _FALLBACK_STRATEGIES
+    first_error = None
+    for k, strategy in enumerate(strategies):
+        recorder = _SiteRecorder()
+        fn = _InitialValues(handlers.seed(_ObservedAsArray(model), seed), strategy)
+        try:
+            with recorder:
+                model_trace = handlers.trace(fn).get_trace(**data)
+        except ModelError:
+            raise
+        except Exception as err:  # noqa: BLE001 - retried, then re-raised naming the site
+            first_error = first_error or (err, recorder)
+            continue
+        if k + 1 == len(strategies) or _densities_finite(model_trace):
+            return model_trace, strategy
+    err, recorder = first_error
+    missing = _missing_none_arguments(model, data)
+    hint = ""
+    if missing:
+        hint = (
+            f" Note: data has no value for {', '.join(map(repr, missing))} (default None); "
+            f"if the model needs it, add it to data."
+        )
+    if len(strategies) > 1:
+        hint += " (The same happened from the prior median and from init_to_uniform.)"
+    raise ModelError(
+        f"{_name(model)}() raised {type(err).__name__} {_locate(err, recorder)} when run "
+        f"with the data: {str(err) or '(the exception has no message)'}{hint}"
+    ) from err
+
+
+def _densities_finite(model_trace: dict) -> bool:
+    """Every sample site's log density is finite at the traced values."""
+    for site in model_trace.values():
+        if site["type"] != "sample" or site["value"] is None:
+            continue
+        try:
+            lp = site["fn"].log_prob(site["value"])
+        except Exception:  # noqa: BLE001 - not evaluable here: judged later, per factor
+            continue
+        if not bool(np.all(np.isfinite(np.asarray(lp)))):
+            return False
+    return True
 
 
 def _check_missing_observations(model: Callable, data: dict, model_trace: dict) -> None:
