@@ -43,6 +43,12 @@ OUT_OF_REACH = {
     "studentt_intercept_regression": (0.2, (0.9, 1.1), (), "Monte Carlo message noise"),
     "negbin_randhie": (0.2, (0.9, 1.1), (), "Monte Carlo message noise"),
     "local_level": (0.2, (0.9, 1.1), (), "Monte Carlo message noise"),
+    "ordinal_anes96": (
+        0.2,
+        (0.9, 1.1),
+        (),
+        "Monte Carlo messages (OrderedLogistic with latent cutpoints): max|z| 0.07-0.12 by seed",
+    ),
     "fertility_random_slopes": (
         0.2,
         (0.9, 1.1),
