@@ -9,7 +9,8 @@ users run it, and must either
   median sd ratio in [0.9, 1.1] where q is a joint Gaussian; or
 * be listed in ``OUT_OF_REACH`` with its looser bar and the reason (the variational
   family cannot represent the posterior); or
-* raise the clear error listed in ``RAISES``.
+* be listed in ``LOUD``: raise a clear error or return ``converged=False`` with a
+  ``FitWarning``.
 
 Never ``converged=True`` with an answer outside its bar. References:
 ``tests/zoo/regenerate.py``; scoring: ``tests/zoo/scoring.py``.
@@ -84,13 +85,12 @@ OUT_OF_REACH = {
         "half NUTS's, the city effects up to 0.5 sd off; the ELBO matches SVI's",
     ),
 }
-# Models that must raise a clear error (in float32), and why.
-RAISES = {
-    "uncentred_year_regression": (
-        autocvi.IllConditionedError,
-        "intercept and slope correlated at -0.99997: q's precision has condition number "
-        "~1e11, beyond float32; the error says to centre the predictor or enable x64",
-    ),
+# Models out of reach in float32 that must say so: raise IllConditionedError (which
+# names the fix) or return converged=False with a FitWarning; never converged=True.
+LOUD = {
+    "uncentred_year_regression": "intercept and slope correlated at -0.99997: q's precision "
+    "has condition number ~1e11, beyond float32 (the ELBO estimate is not finite); with "
+    "x64 the fit is right",
 }
 # The models this test asserts: each was fitted and scored against its reference
 # before being listed here (a reference added later does not join silently).
@@ -132,10 +132,14 @@ def fit_quietly(model, data):
 @pytest.mark.parametrize("name", ZOO)
 def test_zoo_model(name):
     model, data = MODELS[name]()
-    if name in RAISES:
-        error, why = RAISES[name]
-        with pytest.raises(error, match="x64"):
-            autocvi.fit(model, data, progress_bar=False)
+    if name in LOUD:
+        try:
+            result, caught = fit_quietly(model, data)
+        except autocvi.IllConditionedError as err:
+            assert "x64" in str(err)
+            return
+        assert not result.converged
+        assert caught, "converged=False must come with a FitWarning saying why"
         return
     ref = reference(name)
     result, _ = fit_quietly(model, data)
@@ -165,5 +169,5 @@ def test_every_zoo_model_has_a_category_and_out_of_reach_says_why():
     assert all(has_reference(n) for n in ZOO)
     for name, entry in OUT_OF_REACH.items():
         assert name in MODELS and entry[-1], name
-    for name, (_, why) in RAISES.items():
+    for name, why in LOUD.items():
         assert name in MODELS and why, name
