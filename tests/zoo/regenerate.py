@@ -41,6 +41,7 @@ from numpyro.optim import Adam  # noqa: E402
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests/, so that ``zoo`` imports
 from zoo.models import MODELS  # noqa: E402
+from zoo.scoring import canonicalise  # noqa: E402
 
 NUTS_SETTINGS = dict(
     num_warmup=1000, num_samples=1000, num_chains=4, chain_method="sequential", seed=0
@@ -95,42 +96,7 @@ def summarise(draws, kind):
     }
 
 
-def _index_str(site, index):
-    """'locs[:, 0]' for ("locs", (slice(None), 0)); 'rate' for ("rate", ())."""
-    parts = [":" if i == slice(None) else str(i) for i in index]
-    return f"{site}[{', '.join(parts)}]" if parts else site
-
-
-def canonicalise(samples, steps):
-    """Undo label switching / sign symmetries in every draw (see ``OVERRIDES``).
-
-    Each step is ``dict(op, key=(site, index), sites={site: axis})``: ``index`` picks,
-    in one draw of ``site``, one value per component (shape ``(K,)``); ``sites`` maps
-    each site to permute/flip to its component axis within one draw. ``op="sort"``
-    reorders the components by increasing key; ``op="sign"`` multiplies the
-    components whose key is negative by -1 (a symmetry such as tanh(-x) = -tanh(x)).
-    Returns the new samples and a note per step."""
-    out, notes = dict(samples), []
-    for step in steps:
-        key_site, index = step["key"]
-        key = out[key_site][(slice(None), slice(None)) + tuple(index)]  # (chains, draws, K)
-        for site, axis in step["sites"].items():
-            x = np.moveaxis(out[site], 2 + axis, 2)  # component axis after (chains, draws)
-            tail = (1,) * (x.ndim - 3)
-            if step["op"] == "sort":
-                order = np.argsort(key, axis=-1).reshape(key.shape + tail)
-                x = np.take_along_axis(x, order, axis=2)
-            elif step["op"] == "sign":
-                x = x * np.where(key < 0, -1.0, 1.0).reshape(key.shape + tail)
-            else:
-                raise ValueError(f"unknown canonicalisation op {step['op']!r}")
-            out[site] = np.moveaxis(x, 2, 2 + axis)
-        what = "sorted by increasing" if step["op"] == "sort" else "sign-flipped where negative:"
-        notes.append(
-            f"in every draw, components {what} {_index_str(key_site, index)} "
-            f"(applied to {', '.join(step['sites'])})"
-        )
-    return out, notes
+# canonicalise(samples, steps): shared with the tests (tests/zoo/scoring.py).
 
 
 def run_nuts(model, data, ov):
