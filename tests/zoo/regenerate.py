@@ -41,7 +41,7 @@ from numpyro.optim import Adam  # noqa: E402
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests/, so that ``zoo`` imports
 from zoo.models import MODELS  # noqa: E402
-from zoo.scoring import canonicalise  # noqa: E402
+from zoo.scoring import CANONICALISE, canonicalise  # noqa: E402
 
 NUTS_SETTINGS = dict(
     num_warmup=1000, num_samples=1000, num_chains=4, chain_method="sequential", seed=0
@@ -411,13 +411,7 @@ OVERRIDES = {
         nuts_model="iris_mixture_marginal",
         svi="nuts_model",
         discrete_sites="z",
-        canonicalise=[
-            dict(
-                op="sort",
-                key=("locs", (slice(None), 0)),
-                sites={"locs": 0, "prec": 0, "weights": 0},
-            )
-        ],
+        canonicalise=CANONICALISE["iris_mixture"],
     ),
     "missing_obs_regression": dict(
         nuts_postprocess=missing_obs_nuts,
@@ -471,26 +465,23 @@ OVERRIDES = {
         nuts_model="poisson_mixture_marginal",
         svi="nuts_model",
         discrete_sites="z",
-        canonicalise=[dict(op="sort", key=("rate", ()), sites={"rate": 0, "weights": 0})],
+        canonicalise=CANONICALISE["poisson_mixture"],
     ),
     "lda": dict(
         nuts_model="lda_marginal",
         svi="nuts_model",
         discrete_sites="z, one topic per word",
         # topic 1 of the simulation favours words 4-7: sorting by phi[:, 4] puts it last
-        canonicalise=[dict(op="sort", key=("phi", (slice(None), 4)), sites={"phi": 0, "theta": 1})],
+        canonicalise=CANONICALISE["lda"],
     ),
     "poisson_factorisation": dict(
         # column 6 loads on the simulation's factor 1: sorting by V[6, :] puts it last
-        canonicalise=[dict(op="sort", key=("V", (6, slice(None))), sites={"U": 1, "V": 1})],
+        canonicalise=CANONICALISE["poisson_factorisation"],
     ),
     "bnn_moons": dict(
         # hidden units are exchangeable and tanh is odd: make every output weight
         # positive (flipping the unit's input weights and bias), then sort the units
-        canonicalise=[
-            dict(op="sign", key=("w2", ()), sites={"w1": 1, "b1": 0, "w2": 0}),
-            dict(op="sort", key=("w2", ()), sites={"w1": 1, "b1": 0, "w2": 0}),
-        ],
+        canonicalise=CANONICALISE["bnn_moons"],
     ),
 }
 # The twins that NUTS runs on instead: helpers, not references of their own.
