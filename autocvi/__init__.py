@@ -2,6 +2,7 @@
 
 graph = autocvi.trace(model, data)   # the factor graph autocvi sees
 result = autocvi.fit(model, data)    # run CVI
+autocvi.classify_edge(site_fn, values, target, family)   # one conjugacy verdict (docs/conjugacy.md)
 
 Layers (each imports only from the ones before it; ``tests/test_layers.py``):
 ``families`` -> ``model`` -> ``analysis`` -> ``blocks`` -> ``plan`` -> ``engine`` -> ``infer``.
@@ -9,6 +10,8 @@ Layers (each imports only from the ones before it; ``tests/test_layers.py``):
 
 from . import datasets
 from .analysis import trace
+from .analysis.conjugacy import EdgeVerdict, classify_edge
+from .blocks import BlockPosterior
 from .engine import CVIInfo, CVIState, cvi
 from .infer import (
     CVI,
@@ -29,12 +32,13 @@ from .model import (
     PlateInfo,
     VariableNode,
 )
-from .plan import Schedule, plan
+from .plan import PLANNER_OPTIONS, Schedule, plan
 
 __all__ = [
     "datasets",
     "trace",
     "plan",
+    "PLANNER_OPTIONS",
     "fit",
     "cvi",
     "CVI",
@@ -54,5 +58,8 @@ __all__ = [
     "ParamNode",
     "PlateInfo",
     "EdgeInfo",
+    "EdgeVerdict",
+    "classify_edge",
+    "BlockPosterior",
 ]
 __version__ = "0.1.0"

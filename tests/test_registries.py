@@ -93,7 +93,15 @@ def test_block_solvers_implement_the_protocol():
     from autocvi.blocks.block_solvers import BLOCK_SOLVERS, BlockSolver
 
     methods = [n for n in vars(BlockSolver) if not n.startswith("_") and n != "name"]
-    assert set(methods) == {"solve", "moments", "precision", "sample"}
+    assert set(methods) == {
+        "solve",
+        "moments",
+        "precision",
+        "sample",
+        "predictive_variance",
+        "log_det_covariance",
+        "log_density",
+    }
     for key, solver in BLOCK_SOLVERS.items():
         assert solver.name == key
         for method in methods:

@@ -12,7 +12,9 @@ paper's function-space form, Khan et al. 2015, Eq. 19):
   covariance (N < D, or a GP whose prior is a kernel);
 * ``markov``: a tridiagonal precision (a Gaussian random walk), O(T).
 
-Each implements :class:`BlockSolver`; :data:`BLOCK_SOLVERS` maps the name a
+Each implements :class:`BlockSolver`: the solve, the posterior's moments, draws,
+exact log density, log determinant and the variances of linear maps of ``x``
+(what :class:`~autocvi.blocks.gaussian_block.BlockPosterior` exposes); :data:`BLOCK_SOLVERS` maps the name a
 block records to it. Adding a solver is one class here plus one entry.
 """
 
@@ -44,6 +46,25 @@ class BlockSolver(Protocol):
 
     def sample(self, block, aux, key, num_samples):
         """``(num_samples, D)`` draws of ``x`` without forming a D x D covariance."""
+
+    def predictive_variance(self, block, aux, a):
+        """``diag(a Cov_q[x] a^T)`` for rows ``a`` (``(M, D)``), no D x D covariance."""
+
+    def log_det_covariance(self, block, aux):
+        """``log det Cov_q[x]``."""
+
+    def log_density(self, block, aux, x):
+        """The exact ``log q(x)`` for ``x`` of shape ``(..., D)``, no D x D covariance."""
+
+
+def _gaussian_log_density(quad, half_log_det_precision, dim):
+    """``log N`` from the Mahalanobis term and half the log determinant of the precision."""
+    return -0.5 * quad + half_log_det_precision - 0.5 * dim * jnp.log(2.0 * jnp.pi)
+
+
+def _half_log_det(C):
+    """Half the log determinant of ``C C^T`` for a triangular ``C``."""
+    return jnp.sum(jnp.log(jnp.diagonal(C)))
 
 
 def _dense_precision(block, W):
@@ -78,6 +99,21 @@ class WeightSpace:
         u = mean_u[None] + jax.scipy.linalg.solve_triangular(C.T, e.T, lower=False).T
         return block.prior["m0"][None] + block.whitened_to_x(u)
 
+    # Cov_u = B^-1 = C^-T C^-1 with B = C C^T the posterior precision of u.
+    def predictive_variance(self, block, aux, a):
+        _, C = aux
+        V = jax.scipy.linalg.solve_triangular(C, block.rows_times_prior_factor(a).T, lower=True)
+        return jnp.sum(V * V, axis=0)
+
+    def log_det_covariance(self, block, aux):
+        return 2.0 * (block.log_det_prior_factor - _half_log_det(aux[1]))
+
+    def log_density(self, block, aux, x):
+        mean_u, C = aux
+        r = block.x_to_whitened(x) - mean_u
+        quad = jnp.sum((r @ C) ** 2, axis=-1)  # |C^T r|^2 = r^T B r
+        return _gaussian_log_density(quad, _half_log_det(C), block.dim) - block.log_det_prior_factor
+
 
 class FunctionSpace:
     name = "function-space"
@@ -100,6 +136,27 @@ class FunctionSpace:
         u = gs.function_space_sample(key, block.prior["At"], alpha, s, C, num_samples)
         return block.prior["m0"][None] + block.whitened_to_x(u)
 
+    # Cov_u = I - At^T s Bf^-1 s At; the precision of u is B = I + (s At)^T (s At) and
+    # det B = det Bf = det(C C^T) (Sylvester).
+    def predictive_variance(self, block, aux, a):
+        _, s, C = aux
+        b = block.rows_times_prior_factor(a)  # (M, D)
+        V = jax.scipy.linalg.solve_triangular(
+            C, s[:, None] * (block.prior["At"] @ b.T), lower=True
+        )  # (N, M)
+        return jnp.sum(b * b, axis=1) - jnp.sum(V * V, axis=0)
+
+    def log_det_covariance(self, block, aux):
+        return 2.0 * (block.log_det_prior_factor - _half_log_det(aux[2]))
+
+    def log_density(self, block, aux, x):
+        alpha, s, C = aux
+        At = block.prior["At"]
+        r = block.x_to_whitened(x) - At.T @ alpha
+        p = (r @ At.T) * s  # s At r, (..., N)
+        quad = jnp.sum(r * r, axis=-1) + jnp.sum(p * p, axis=-1)
+        return _gaussian_log_density(quad, _half_log_det(C), block.dim) - block.log_det_prior_factor
+
 
 class Markov:
     name = "markov"
@@ -120,6 +177,26 @@ class Markov:
 
     def sample(self, block, aux, key, num_samples):
         return gs.markov_sample(key, aux[0], aux[1], num_samples)
+
+    # The posterior precision is L L^T with L lower bidiagonal (diagonal d, subdiagonal e).
+    def predictive_variance(self, block, aux, a):
+        (d, e), _ = aux
+        y = jax.vmap(lambda row: gs.bidiagonal_solve_lower(d, e, row))(a)  # L^-1 a^T
+        return jnp.sum(y * y, axis=1)
+
+    def log_det_covariance(self, block, aux):
+        (d, _), _ = aux
+        return -2.0 * jnp.sum(jnp.log(d))
+
+    def log_density(self, block, aux, x):
+        (d, e), mean_x = aux
+        r = x - mean_x
+        # (L^T r)_t = d_t r_t + e_{t+1} r_{t+1}
+        pad = jnp.zeros(r.shape[:-1] + (1,), r.dtype)
+        v = d * r + jnp.concatenate([e[1:], jnp.zeros((1,), e.dtype)]) * jnp.concatenate(
+            [r[..., 1:], pad], axis=-1
+        )
+        return _gaussian_log_density(jnp.sum(v * v, axis=-1), jnp.sum(jnp.log(d)), d.shape[0])
 
 
 BLOCK_SOLVERS: dict[str, BlockSolver] = {

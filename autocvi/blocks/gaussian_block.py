@@ -50,7 +50,7 @@ __all__ = ["GaussianBlock", "find_block", "BlockPosterior"]
 # Largest predictor Jacobian (elements) formed for the dense solvers.
 _MAX_JACOBIAN = 50_000_000
 # Blocks up to this dimension report a numpyro MultivariateNormal posterior;
-# larger ones a BlockPosterior (mean, variance, draws; no D x D matrix).
+# larger ones a BlockPosterior (exact moments, draws, log density; no D x D matrix).
 _MAX_DENSE_POSTERIOR = 1000
 
 
@@ -96,11 +96,35 @@ class GaussianBlock:
         """The solver this block uses (:mod:`autocvi.blocks.block_solvers`)."""
         return BLOCK_SOLVERS[self.solver]
 
+    # The prior of the weight- and function-space solvers: x = m0 + T0 u, u ~ N(0, I),
+    # with T0 = diag(sd0) or the dense factor L0 (upper triangular).
     def whitened_to_x(self, u):
         """x - m0 from whitened u (``(..., D)``): ``sd0 * u`` or ``L0 u``."""
         if "L0" in self.prior:
             return jnp.einsum("ij,...j->...i", self.prior["L0"], u)
         return self.prior["sd0"] * u
+
+    def x_to_whitened(self, x):
+        """u from x (``(..., D)``): the inverse of :meth:`whitened_to_x` after ``- m0``."""
+        r = x - self.prior["m0"]
+        if "L0" in self.prior:
+            flat = jnp.reshape(r, (-1, self.dim)).T
+            u = jax.scipy.linalg.solve_triangular(self.prior["L0"], flat, lower=False)
+            return jnp.reshape(u.T, r.shape)
+        return r / self.prior["sd0"]
+
+    def rows_times_prior_factor(self, a):
+        """``a T0`` for rows ``a`` (``(M, D)``): what ``a x`` is as a function of u."""
+        if "L0" in self.prior:
+            return a @ self.prior["L0"]
+        return a * self.prior["sd0"][None]
+
+    @property
+    def log_det_prior_factor(self):
+        """``log |det T0|``."""
+        if "L0" in self.prior:
+            return jnp.sum(jnp.log(jnp.abs(jnp.diagonal(self.prior["L0"]))))
+        return jnp.sum(jnp.log(self.prior["sd0"]))
 
     @property
     def num_sites(self) -> int:
@@ -270,23 +294,48 @@ def _gh_expectation(term: _Term, mean, var):
 
 
 class BlockPosterior(Distribution):
-    """q over a large Gaussian site, kept in structured form.
+    """q over a large Gaussian site, kept in structured form (no D x D covariance).
 
-    ``mean``, ``variance`` and ``sample`` are exact and cost O(N D) (function
-    space) or O(T) (Markov); the D x D covariance is never formed, so
-    ``log_prob`` is not available: use :meth:`to_multivariate_normal` for small
-    problems.
+    What :meth:`GaussianBlock.posterior` returns for blocks of more than 1,000
+    dimensions (``CVI.get_posterior``, ``FitResult.posterior``). Everything is
+    exact and computed from the block's solver without forming the D x D
+    covariance: ``mean``, ``variance``, ``sample``, ``log_prob``, ``entropy``,
+    :meth:`predictive_moments` (mean and variance of ``A @ value`` per row of
+    ``A``) and :meth:`sample_with_log_prob` (draws with their log density).
+    Costs per value or row: O(N D) with the function-space solver (N sites),
+    O(D^2) weight-space, O(T) Markov; a site whose prior is a dense kernel
+    (whitened) adds its D x D triangular factor, which the prior already holds.
+
+    Args:
+        block: the :class:`GaussianBlock` (``schedule.blocks[name]``).
+        sites: its state (``state.natural[name]``).
+        mean, var: the site's mean and marginal variance when already known
+            (default: computed, :meth:`GaussianBlock.site_moments`).
     """
 
     arg_constraints = {}
     support = constraints.real_vector
     reparametrized_params = []
 
-    def __init__(self, block: GaussianBlock, sites, mean, var):
+    def __init__(self, block: GaussianBlock, sites, mean=None, var=None):
+        if mean is None or var is None:
+            mean, var = block.site_moments(sites)
         self._block, self._sites = block, sites
         self._mean, self._var = mean, var
+        self._aux = None
         shape = block.layout.shape
         super().__init__(batch_shape=(), event_shape=shape)
+
+    @property
+    def _solved(self):
+        """The solver's factors at the sites (computed once)."""
+        if self._aux is None:
+            self._aux = self._block.solve(self._sites)[1]
+        return self._aux
+
+    @property
+    def _size(self) -> int:
+        return int(np.prod(self._block.layout.shape))
 
     @property
     def mean(self):
@@ -298,16 +347,62 @@ class BlockPosterior(Distribution):
 
     def sample(self, key, sample_shape=()):
         n = int(np.prod(sample_shape)) if sample_shape else 1
-        x = self._block.sample_x(self._sites, key, n)
+        x = self._block.method.sample(self._block, self._solved, key, n)
         site = self._block.layout.to_site(x)
         return jnp.reshape(site, tuple(sample_shape) + self._block.layout.shape)
 
+    def _log_q_x(self, x):
+        """log q of the site value whose family coordinates are ``x`` (``(..., D)``)."""
+        block = self._block
+        return block.method.log_density(block, self._solved, x) - block.layout.log_det_whitening
+
     def log_prob(self, value):
-        raise NotImplementedError(
-            f"the posterior of {self._block.name!r} has D = {self._block.dim} dimensions and is "
-            "kept in structured form (no D x D matrix), so it has no log_prob; use its mean, "
-            "variance and sample()."
+        """The exact log density of q at ``value`` (``(..., *event_shape)``)."""
+        value = jnp.asarray(value)
+        lead = value.shape[: value.ndim - len(self.event_shape)]
+        x = jnp.reshape(value, lead + (self._size,))
+        whitening = self._block.layout.whitening
+        if whitening is not None:  # site = loc + tril x
+            loc, tril = whitening
+            flat = jnp.reshape(x - loc, (-1, self._size)).T
+            x = jnp.reshape(jax.scipy.linalg.solve_triangular(tril, flat, lower=True).T, x.shape)
+        return self._log_q_x(x)
+
+    def sample_with_log_prob(self, key, sample_shape=()):
+        """Draws of q and their exact log density: ``(values, log_q)``, shapes
+        ``sample_shape + event_shape`` and ``sample_shape``."""
+        block = self._block
+        sample_shape = tuple(sample_shape)
+        n = int(np.prod(sample_shape)) if sample_shape else 1
+        x = block.method.sample(block, self._solved, key, n)
+        site = jnp.reshape(block.layout.to_site(x), sample_shape + block.layout.shape)
+        return site, jnp.reshape(self._log_q_x(x), sample_shape)
+
+    def entropy(self):
+        """The exact entropy of q."""
+        block = self._block
+        half_log_det = 0.5 * block.method.log_det_covariance(block, self._solved)
+        n = self._size
+        return (
+            0.5 * n * (1.0 + jnp.log(2.0 * jnp.pi)) + half_log_det + block.layout.log_det_whitening
         )
+
+    def predictive_moments(self, A):
+        """Mean and variance of ``A @ value`` under q, one per row of ``A``.
+
+        ``A``: ``(M, *event_shape)`` (or ``(M, D)`` with ``D`` the site's size; one
+        row ``(D,)`` gives scalars). Exact, without the D x D covariance:
+        ``Var[a @ value] = a Cov a^T`` through the solver's factors.
+        """
+        A = jnp.asarray(A)
+        single = A.ndim == 1
+        rows = jnp.reshape(A, (-1, self._size))
+        mean = rows @ jnp.reshape(self._mean, (-1,))
+        whitening = self._block.layout.whitening
+        rows_x = rows if whitening is None else rows @ whitening[1]  # a tril: acting on x
+        block = self._block
+        var = block.method.predictive_variance(block, self._solved, rows_x)
+        return (mean[0], var[0]) if single else (mean, var)
 
 
 # --------------------------------------------------------------- detection

@@ -40,6 +40,7 @@ __all__ = [
     "function_space",
     "markov",
     "markov_posterior",
+    "bidiagonal_solve_lower",
     "dense_reference",
     "kl_from_sites",
 ]
@@ -148,8 +149,8 @@ def _bidiagonal_cholesky(diag, off):
     return jnp.concatenate([d0[None], d]), jnp.concatenate([jnp.zeros((1,), diag.dtype), e])
 
 
-def _solve_lower(d, e, b):
-    """Solve ``L y = b`` for lower bidiagonal L."""
+def bidiagonal_solve_lower(d, e, b):
+    """Solve ``L y = b`` for lower bidiagonal L (diagonal ``d``, subdiagonal ``e[1:]``)."""
 
     def body(y_prev, inputs):
         dt, et, bt = inputs
@@ -193,7 +194,7 @@ def _selected_inverse_diagonal(d, e):
 def markov_prior(q_diag, q_off, h):
     """Factorise a tridiagonal prior once: ``(chol, mean, log det Q, h^T Q^-1 h)``."""
     d, e = _bidiagonal_cholesky(q_diag, q_off)
-    y = _solve_lower(d, e, h)
+    y = bidiagonal_solve_lower(d, e, h)
     mean = _solve_upper(d, e, y)
     return (d, e), mean, 2.0 * jnp.sum(jnp.log(d)), jnp.dot(y, y)
 
@@ -214,7 +215,7 @@ def markov(q_diag, q_off, h, a, b, lam1, lam2, prior=None):
     w = a * a * W
     info = h + a * (lam1 - W * b)
     d, e = _bidiagonal_cholesky(q_diag + w, q_off)
-    y = _solve_lower(d, e, info)
+    y = bidiagonal_solve_lower(d, e, info)
     mean_x = _solve_upper(d, e, y)
     var_x = _selected_inverse_diagonal(d, e)
     log_z = (

@@ -141,6 +141,11 @@ class CVI:
             share one Gaussian q) or ``"mean-field"``.
         init_strategy: where q starts, a NumPyro ``init_to_*`` strategy (see
             :func:`autocvi.fit`).
+        **planner_options: options of the planner, as for :func:`autocvi.fit`
+            (:data:`autocvi.PLANNER_OPTIONS`): ``use_quadrature=False``
+            (Monte Carlo messages where Gauss-Hermite ones would be used),
+            ``step_size_decay``, ``gaussian_blocks=False``. An unknown name
+            raises a ``TypeError`` listing the valid ones.
 
     There is no guide argument: q is chosen by autocvi (one family per latent,
     Gaussian blocks where the structure allows); :meth:`guide` returns it as a
@@ -156,7 +161,9 @@ class CVI:
         tol=None,
         structure="joint",
         init_strategy=None,
+        **planner_options,
     ):
+        self.planner_options = _planner.check_planner_options(planner_options, "CVI")
         self.model = model
         self.init_strategy = init_strategy
         self.num_samples = num_samples
@@ -342,7 +349,7 @@ class CVI:
         values = {**base.graph.example_values, **inputs}
         graph = replace(base.graph, _example_values=values)
         schedule = _planner.build_schedule(
-            graph, num_samples=self.num_samples, step_size=self.step_size
+            graph, num_samples=self.num_samples, step_size=self.step_size, **self.planner_options
         )
         schedule.joint, schedule.notes, schedule.user_graph = (
             base.joint,
@@ -385,6 +392,7 @@ class CVI:
             step_size=self.step_size,
             structure=self.structure,
             init_strategy=self.init_strategy,
+            **self.planner_options,
         )
 
     def _new_plan(self, traced: _Traced, schedule, inputs) -> _Plan:

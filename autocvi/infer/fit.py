@@ -14,7 +14,7 @@ from ..analysis.joint import member_posteriors
 from ..analysis.layout import site_posterior
 from ..engine.step import CVIState, cvi
 from ..model.graph import FactorGraph, _format_table
-from ..plan.schedule import Schedule, plan
+from ..plan.schedule import Schedule, check_planner_options, plan
 from .convergence import WINDOW, Diagnostics, FitWarning, converged_now, diagnose, report
 
 __all__ = ["fit", "FitResult", "IllConditionedError"]
@@ -135,6 +135,7 @@ def fit(
     structure: str = "joint",
     num_restarts: int | None = None,
     init_strategy=None,
+    **planner_options,
 ) -> FitResult:
     """Fit a NumPyro model with conjugate-computation variational inference.
 
@@ -168,10 +169,20 @@ def fit(
             (``init_to_median()``, ``init_to_uniform()``, ``init_to_value(values=...)``);
             see :func:`autocvi.plan`. Flat priors (``ImproperUniform``) need no
             strategy: they start at ``init_to_uniform``.
+        **planner_options: options of the planner
+            (:data:`autocvi.PLANNER_OPTIONS`), passed to :func:`autocvi.plan`:
+            ``use_quadrature=False`` replaces Gauss-Hermite messages by Monte
+            Carlo ones (the CVI paper's plain "CVI" against its "CVI-exact");
+            ``step_size_decay``: ``beta_t = beta (1 + t)^-decay`` for global
+            nodes (default 0.6 with subsampled plates, else 0);
+            ``gaussian_blocks=False`` keeps Gaussian nodes as dense natural
+            parameters instead of prior + sites. An unknown name raises a
+            ``TypeError`` listing the valid ones.
 
     Returns:
         a :class:`FitResult`.
     """
+    check_planner_options(planner_options, "fit")
     if rng_key is None:
         rng_key = 0
     if isinstance(rng_key, int):
@@ -183,6 +194,7 @@ def fit(
         step_size=step_size,
         structure=structure,
         init_strategy=init_strategy,
+        **planner_options,
     )
     if schedule.graph.params:
         warnings.warn(

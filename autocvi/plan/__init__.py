@@ -1,5 +1,21 @@
 """Layer 5, the plan: nodes, message kinds, order and step sizes (frozen data)."""
 
-from .schedule import FactorPlan, NodePlan, Schedule, build_schedule, plan
+from .schedule import (
+    PLANNER_OPTIONS,
+    FactorPlan,
+    NodePlan,
+    Schedule,
+    build_schedule,
+    check_planner_options,
+    plan,
+)
 
-__all__ = ["FactorPlan", "NodePlan", "Schedule", "build_schedule", "plan"]
+__all__ = [
+    "PLANNER_OPTIONS",
+    "FactorPlan",
+    "NodePlan",
+    "Schedule",
+    "build_schedule",
+    "check_planner_options",
+    "plan",
+]

@@ -19,6 +19,7 @@ Message kinds (CVI paper Alg. 2 and App. B.1, F):
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -181,6 +182,35 @@ class Schedule:
 
 STRUCTURES = ("joint", "mean-field")
 
+# The planner's options that plan(), autocvi.CVI and autocvi.fit pass through to
+# build_schedule as keywords (``**planner_options``), with what each does.
+PLANNER_OPTIONS = {
+    "use_quadrature": "False replaces Gauss-Hermite messages by Monte Carlo ones (default True)",
+    "step_size_decay": "beta_t = beta (1 + t)^-decay for global nodes (default 0.6 with "
+    "subsampled plates, else 0)",
+    "gaussian_blocks": "False keeps every Gaussian node as dense natural parameters instead "
+    "of prior + sites (default True)",
+}
+
+
+def check_planner_options(options: dict, caller: str, extra=()) -> dict:
+    """``options`` if every name is a planner option (or in ``extra``), else a TypeError
+    naming the unknown ones and listing the valid ones."""
+    valid = (*PLANNER_OPTIONS, *extra)
+    unknown = [k for k in options if k not in valid]
+    if unknown:
+        hints = [
+            f"{k!r} (did you mean {m[0]!r}?)"
+            if (m := difflib.get_close_matches(k, valid, 1))
+            else repr(k)
+            for k in unknown
+        ]
+        raise TypeError(
+            f"{caller}() got unknown planner option{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(hints)}; valid options: {', '.join(valid)}"
+        )
+    return dict(options)
+
 
 def plan(
     model,
@@ -209,8 +239,12 @@ def plan(
             prior, other sites at a prior draw (``init_to_uniform`` for sites
             without ``sample``, such as ``ImproperUniform`` flat priors), and
             joint groups at the centre of their unconstrained space.
-        options: passed to :func:`build_schedule`.
+        options: planner options (:data:`PLANNER_OPTIONS`: ``use_quadrature``,
+            ``step_size_decay``, ``gaussian_blocks``; and ``rng_key``, the key of the
+            numerical checks), passed to :func:`build_schedule`. An unknown name
+            raises a ``TypeError`` listing the valid ones.
     """
+    check_planner_options(options, "plan", extra=("rng_key",))
     if structure not in STRUCTURES:
         raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
     graph = trace(model, data, init_strategy=init_strategy)
