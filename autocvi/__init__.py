@@ -5,7 +5,7 @@ result = autocvi.fit(model, data)    # run CVI
 autocvi.classify_edge(site_fn, values, target, family)   # one conjugacy verdict (docs/conjugacy.md)
 
 Layers (each imports only from the ones before it; ``tests/test_layers.py``):
-``families`` -> ``model`` -> ``analysis`` -> ``blocks`` -> ``plan`` -> ``engine`` -> ``infer``.
+``families`` -> ``datasets`` -> ``jaxpr`` -> ``model`` -> ``analysis`` -> ``blocks`` -> ``plan`` -> ``engine`` -> ``infer``.
 """
 
 from . import datasets
@@ -23,6 +23,7 @@ from .infer import (
     fit,
     print_summary,
 )
+from .jaxpr import enable_compilation_cache
 from .model import (
     EdgeInfo,
     FactorGraph,
@@ -46,6 +47,7 @@ __all__ = [
     "CVIRunResult",
     "CVIGuide",
     "print_summary",
+    "enable_compilation_cache",
     "FitResult",
     "IllConditionedError",
     "Schedule",

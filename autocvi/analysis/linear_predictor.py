@@ -33,7 +33,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
+from jax.extend.core import Jaxpr
+
+from ..jaxpr import CUSTOM_DERIVATIVE, PLAIN_CALLS, bind, call_body, interpret
 
 __all__ = ["LinearPredictor", "find_linear_predictor"]
 
@@ -57,12 +59,6 @@ class LinearPredictor(NamedTuple):
 # Flat graph: jaxpr with call-like sub-jaxprs inlined
 # --------------------------------------------------------------------------
 
-# Call-like primitives whose body is evaluated as-is: safe to inline.
-_INLINE = frozenset({"pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint"})
-# Custom-derivative calls: kept as one equation (their JVP/VJP rules matter
-# for gradients), but analysed through their primal body.
-_CUSTOM = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
-
 
 class _Lit(NamedTuple):
     val: Any
@@ -74,6 +70,7 @@ class _Eqn(NamedTuple):
     params: dict
     ins: tuple  # node ids (int) or _Lit
     outs: tuple  # node ids; -1 for dropped outputs
+    source: Any  # the jaxpr equation this one copies (its sub-jaxprs, source info)
 
 
 class _Graph:
@@ -91,54 +88,34 @@ class _Graph:
         return len(self.avals) - 1
 
 
-def _sub_jaxpr(params) -> tuple[Jaxpr, list]:
-    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-        sub = params.get(key)
-        if isinstance(sub, ClosedJaxpr):
-            return sub.jaxpr, list(sub.consts)
-        if isinstance(sub, Jaxpr):
-            return sub, []
-    return None, None
-
-
 def _flatten_into(g: _Graph, jaxpr: Jaxpr, consts, in_refs) -> list:
-    env: dict = {}
+    """Append ``jaxpr``'s equations to ``g`` with plain calls inlined; its outputs."""
 
-    def read(v):
-        return _Lit(v.val, v.aval) if isinstance(v, Literal) else env[v]
+    def const(var, value) -> int:
+        i = g.new(var.aval)
+        g.consts[i] = value
+        return i
 
-    for v, c in zip(jaxpr.constvars, consts):
-        i = g.new(v.aval)
-        g.consts[i] = c
-        env[v] = i
-    for v, r in zip(jaxpr.invars, in_refs):
-        env[v] = r
-    for eqn in jaxpr.eqns:
-        ins = [read(v) for v in eqn.invars]
-        name = eqn.primitive.name
-        sub, sub_consts = _sub_jaxpr(eqn.params) if name in _INLINE else (None, None)
-        if (
-            sub is not None
-            and len(sub.constvars) == len(sub_consts)
-            and len(sub.invars) == len(ins)
-        ):
-            outs = _flatten_into(g, sub, sub_consts, ins)
-            for v, r in zip(eqn.outvars, outs):
-                env[v] = r
-            continue
-        out_ids = []
-        for v in eqn.outvars:
-            i = g.new(v.aval)
-            out_ids.append(i)
-            env[v] = i
-        g.eqns.append(_Eqn(eqn.primitive, dict(eqn.params), tuple(ins), tuple(out_ids)))
-    return [read(v) for v in jaxpr.outvars]
+    def append(eqn, ins) -> list[int]:
+        outs = [g.new(v.aval) for v in eqn.outvars]
+        g.eqns.append(_Eqn(eqn.primitive, dict(eqn.params), tuple(ins), tuple(outs), eqn))
+        return outs
+
+    return interpret(
+        jaxpr,
+        consts,
+        in_refs,
+        append,
+        literal=lambda lit: _Lit(lit.val, lit.aval),
+        const=const,
+        enter=PLAIN_CALLS,
+    )
 
 
-def _flatten(closed: ClosedJaxpr) -> _Graph:
+def _flatten(jaxpr: Jaxpr, consts) -> _Graph:
     g = _Graph()
-    g.inputs = [g.new(v.aval) for v in closed.jaxpr.invars]
-    g.outputs = _flatten_into(g, closed.jaxpr, closed.consts, g.inputs)
+    g.inputs = [g.new(v.aval) for v in jaxpr.invars]
+    g.outputs = _flatten_into(g, jaxpr, consts, g.inputs)
     return g
 
 
@@ -150,10 +127,7 @@ def _eval(g: _Graph, plan: list[int], env: dict, targets: list) -> list:
 
     for k in plan:
         e = g.eqns[k]
-        params = e.prim.get_bind_params(e.params)
-        ans = e.prim.bind(*(read(r) for r in e.ins), **params)
-        if not e.prim.multiple_results:
-            ans = [ans]
+        ans = bind(e.source, [read(r) for r in e.ins])
         for i, a in zip(e.outs, ans):
             env[i] = a
     return [read(r) for r in targets]
@@ -264,21 +238,16 @@ def _classify(g: _Graph, in_cls: dict[int, int], rule) -> list[int]:
 
 def _custom_rule(e: _Eqn, cls: list[int], rule, **kw) -> list[int] | None:
     """Analyse a custom-derivative call through its primal body."""
-    if e.prim.name not in _CUSTOM:
+    body = call_body(e.source) if e.prim.name in CUSTOM_DERIVATIVE else None
+    if body is None:
         return None
-    sub, consts = _sub_jaxpr(e.params)
-    if sub is None:
-        return None
-    n_consts = len(cls) - len(sub.invars)
-    if n_consts != 0:
-        return None
-    sg = _flatten(ClosedJaxpr(sub, consts))
+    sg = _flatten(*body)
     sub_cls = _classify(sg, dict(zip(sg.inputs, cls)), lambda ee, c, gg: rule(ee, c, gg, **kw))
     return [CONST if isinstance(r, _Lit) else sub_cls[r] for r in sg.outputs]
 
 
 def _affine_rule_rec(e, cls, g):
-    if e.prim.name in _CUSTOM and any(c != CONST for c in cls):
+    if e.prim.name in CUSTOM_DERIVATIVE and any(c != CONST for c in cls):
         out = _custom_rule(e, cls, _affine_rule_rec)
         if out is not None:
             return out
@@ -309,7 +278,7 @@ def _diag_rule(e: _Eqn, cls: list[int], g: _Graph, shape=()) -> list[int]:
         return [CONST] * n_out
     if any(c == OTHER for c in cls):
         return [OTHER] * n_out
-    if name in _CUSTOM:
+    if name in CUSTOM_DERIVATIVE:
         out = _custom_rule(e, cls, _diag_rule, shape=shape)
         return out if out is not None else [OTHER] * n_out
     diag_shapes_ok = all(
@@ -413,7 +382,7 @@ def _find(fn, values, target) -> tuple[LinearPredictor | None, bool]:
         return fn(jax.tree_util.tree_unflatten(treedef, xs))
 
     closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*leaves)
-    g = _flatten(closed)
+    g = _flatten(closed.jaxpr, closed.consts)
     # consts capturing an outer trace's tracers must not outlive that trace
     cacheable = not any(isinstance(c, jax.core.Tracer) for c in g.consts.values())
     if not isinstance(out_shape, jax.ShapeDtypeStruct):

@@ -31,7 +31,7 @@ from ..model.message_kinds import EXACT, FISHER, GAUSS_HERMITE, MESSAGE_KINDS, M
 from ..plan.schedule import FactorPlan, Schedule, _reference_natural
 from .init import initial_natural
 
-__all__ = ["CVIState", "CVIInfo", "CVIAlgorithm", "cvi"]
+__all__ = ["CVIState", "CVIInfo", "CVIAlgorithm", "cvi", "expected_log_factor", "vmp_message"]
 
 
 class CVIState(NamedTuple):
@@ -110,6 +110,8 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
 
     # ------------------------------------------------------------- messages
     def exact_message(fplan, i, lam, mus, key, fixed):
+        if all(fplan.conjugate.values()):  # every neighbour at its moment nodes: VMP
+            return vmp_message(fplan, layouts, i, mus, fixed)
         tensor, drawn = point_sets(fplan, lam, mus, key, skip=i)
         lay = layouts[i]
 
@@ -123,10 +125,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                 )
             )
 
-        g = jax.grad(expected)(mus[i])
-        if lay.q_family == "MultivariateNormal":
-            g = (g[0], 0.5 * (g[1] + jnp.swapaxes(g[1], -1, -2)))
-        return g
+        return _symmetric(lay, jax.grad(expected)(mus[i]))
 
     def gaussian_message(fplan, i, lam, mus, key, fixed):
         """Bonnet/Price: (E[grad f] - E[H] m, E[H]/2) for Normal / MVN nodes."""
@@ -399,6 +398,56 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         return elbo(lam, elbo_key, fixed)
 
     return CVIAlgorithm(init, step, elbo_at)
+
+
+def expected_log_factor(fplan: FactorPlan, layouts: dict, mean_params: dict, fixed=None):
+    """``E_q[log p_a]`` of a factor whose every latent edge is conjugate (exact).
+
+    Each latent neighbour is replaced by its moment nodes (a point set that
+    reproduces E_q of every sufficient statistic); the factor is multi-affine in
+    those statistics, so the tensor-product expectation is exact (DESIGN.md sec. 5).
+
+    Args:
+        fplan: the factor's plan (``schedule.factors[name]``).
+        layouts: ``{latent: LatentLayout}`` (``schedule.nodes[n].layout``).
+        mean_params: ``{latent: mean-parameter tuple}`` for the factor's latents.
+        fixed: values of params and subsample indices the factor reads.
+
+    Raises:
+        ValueError: when an edge is not conjugate (no closed form; the engine
+            estimates that expectation instead).
+    """
+    bad = [j for j, conjugate in fplan.conjugate.items() if not conjugate]
+    if bad:
+        raise ValueError(
+            f"factor {fplan.name!r} is not conjugate in {', '.join(bad)}: its expectation has "
+            f"no closed form (see graph.explain({fplan.name!r}, {bad[0]!r}))."
+        )
+    sets = {
+        j: moment_point_set(layouts[j], mean_params[j], fplan.alignments[j]) for j in fplan.latents
+    }
+    return expect(fplan.log_density, sets, {} if fixed is None else fixed)
+
+
+def vmp_message(fplan: FactorPlan, layouts: dict, latent: str, mean_params: dict, fixed=None):
+    """The VMP message from a conjugate factor to ``latent``, in natural parameters.
+
+    ``grad_{mu_i} E_q[log p_a]`` (Khan & Lin 2017, "Conjugate-computation
+    variational inference", Sec. 5: for a conjugate factor the CVI gradient is
+    the VMP message); the engine's exact messages are this function.
+    """
+
+    def of_latent(mu):
+        return expected_log_factor(fplan, layouts, {**mean_params, latent: mu}, fixed)
+
+    return _symmetric(layouts[latent], jax.grad(of_latent)(mean_params[latent]))
+
+
+def _symmetric(lay, g):
+    """An MVN message's matrix part symmetrised (the gradient w.r.t. E[x x^T])."""
+    if lay.q_family == "MultivariateNormal":
+        return (g[0], 0.5 * (g[1] + jnp.swapaxes(g[1], -1, -2)))
+    return g
 
 
 # Backtracking of safeguarded node steps: at most this many halvings, and a

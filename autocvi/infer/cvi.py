@@ -49,6 +49,7 @@ import numpyro
 
 from ..analysis.layout import site_posterior
 from ..engine.step import CVIState, cvi
+from ..jaxpr import structural_jit
 from ..plan import schedule as _planner
 from .convergence import diagnose, report
 from .fit import _WINDOW, _chunk_runner, average_iterates, posterior_of, run_loop
@@ -448,14 +449,14 @@ def _compile(plan: _Plan, what):
             return algorithm.init(jax.random.PRNGKey(0)).constant_messages
 
     if what == "constants":
-        return jax.jit(constants)
+        return structural_jit(constants)
     if what == "init":
 
         def init(key, inputs):
             with _Bound(schedule, inputs):
                 return algorithm.init(key)
 
-        return jax.jit(init)
+        return structural_jit(init)
     if what == "step":
 
         def step(state, inputs, beta, block_beta):
@@ -463,7 +464,7 @@ def _compile(plan: _Plan, what):
                 new, info = algorithm.step(state)
             return new, info.elbo
 
-        return jax.jit(step)
+        return structural_jit(step)
     if what == "average":
 
         def average(state, inputs):
@@ -473,7 +474,7 @@ def _compile(plan: _Plan, what):
 
             return average_iterates(step, state, 2 * _WINDOW)
 
-        return jax.jit(average)
+        return structural_jit(average)
     if isinstance(what, tuple) and what[0] == "run":
         _, tol, subsampled = what
 

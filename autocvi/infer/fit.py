@@ -13,6 +13,7 @@ import numpy as np
 from ..analysis.joint import member_posteriors
 from ..analysis.layout import site_posterior
 from ..engine.step import CVIState, cvi
+from ..jaxpr import structural_jit
 from ..model.graph import FactorGraph, _format_table
 from ..plan.schedule import Schedule, check_planner_options, plan
 from .convergence import WINDOW, Diagnostics, FitWarning, converged_now, diagnose, report
@@ -215,7 +216,7 @@ def fit(
         # Discrete latents (mixtures, topics) have many fixed points.
         discrete = any(n.layout.discrete for n in schedule.nodes.values())
         num_restarts = 3 if discrete and init_state is None else 1
-    init = jax.jit(algorithm.init)
+    init = structural_jit(algorithm.init)
     # Compiled once and shared by the restarts (a jit per restart recompiled).
     runner = _chunk_runner(algorithm.step, tol, exact, subsampled)
     averager = iterate_averager(algorithm.step, 2 * _WINDOW)
@@ -355,7 +356,7 @@ def final_elbo(algorithm, state, num_estimates: int = 64, estimator=None) -> flo
 
 def elbo_estimator(algorithm):
     """Compiled ``(state, keys) -> ELBO estimates``, one per key."""
-    return jax.jit(jax.vmap(algorithm.elbo, in_axes=(None, 0)))
+    return structural_jit(jax.vmap(algorithm.elbo, in_axes=(None, 0)))
 
 
 def average_iterates(step, state, num_steps: int, averager=None):
@@ -372,7 +373,7 @@ def average_iterates(step, state, num_steps: int, averager=None):
 def iterate_averager(step, num_steps: int):
     """Compiled ``state -> state`` of :func:`average_iterates`."""
 
-    @jax.jit
+    @structural_jit
     def run(state):
         def body(carry, _):
             state, total = carry
@@ -411,7 +412,7 @@ def _chunk_runner(step, tol: float, exact: bool, subsampled: bool = False):
         count = count + active.astype(count.dtype)
         return (state, history, count, remaining, done), (value, done)
 
-    @jax.jit
+    @structural_jit
     def run(state, history, remaining):
         carry = (state, history, jnp.zeros((), jnp.int32), remaining, jnp.zeros((), bool))
         (state, history, _, _, _), (values, done) = jax.lax.scan(body, carry, None, _CHUNK)

@@ -25,6 +25,7 @@ from numpyro.distributions import Distribution, MaskedDistribution, constraints
 from numpyro.infer.initialization import init_to_median, init_to_sample, init_to_uniform
 
 from ..families.base import unwrap_distribution
+from ..jaxpr import has_sub_jaxpr, interpret, used_inputs
 from .coordinates import MEMBER_FLAG, JointCoordinates
 from .graph import FactorGraph, FactorNode, ParamNode, PlateInfo, VariableNode
 
@@ -120,8 +121,8 @@ class _InitialValues(numpyro.primitives.Messenger):
     draw; for distributions without ``sample`` (``ImproperUniform``, flat
     priors) it falls back to ``init_to_uniform``: a uniform draw on
     ``(-2, 2)`` of the unconstrained space, mapped to the support. Sites
-    whose value is substituted later (data, latent values) are overridden by
-    the outer ``substitute``.
+    whose value is already set (by an inner ``substitute``: data, latent
+    values) keep it.
     """
 
     def __init__(self, fn=None, init_strategy=None):
@@ -578,9 +579,11 @@ def _site_fn_builder(
     def run(values, recorder: _SiteRecorder | None = None, rng_key=0):
         substituted = {**plate_values, **values}
         fn = _ObservedAsArray(model if recorder is None else recorder(model))
+        # innermost, so that seeding and initial values skip the substituted sites
+        fn = handlers.substitute(fn, data=substituted)
         fn = _InitialValues(handlers.seed(fn, rng_key), init_strategy)
         with handlers.block():
-            return handlers.trace(handlers.substitute(fn, data=substituted)).get_trace(**data)
+            return handlers.trace(fn).get_trace(**data)
 
     def builder(name: str) -> Callable:
         def site_fn(values, with_scale: bool = False):
@@ -632,62 +635,31 @@ def _factor_dependencies(
 def _output_dependencies(jaxpr) -> list[int]:
     """For each output of ``jaxpr``, the inputs it depends on, as a bitmask.
 
-    A forward pass over the equations, linear in the jaxpr's size. An
-    equation with a sub-jaxpr (``jit``, ``scan``, ``cond``, custom derivative
-    calls) maps each of its outputs to the inputs JAX's own dead-code
+    One forward walk (:func:`autocvi.jaxpr.interpret`), linear in the jaxpr's
+    size. Calls are walked into; an equation with another sub-jaxpr (``scan``,
+    ``cond``, ``while``) maps each output to the inputs JAX's dead-code
     elimination keeps for it; any other equation makes every output depend on
     every input.
     """
-    deps: dict = {v: 1 << i for i, v in enumerate(jaxpr.invars)}
 
-    def dep(v) -> int:
-        return deps.get(v, 0) if _is_var(v) else 0
+    def dependencies(eqn, ins: list[int]) -> list[int]:
+        if has_sub_jaxpr(eqn):
+            return [
+                _union(d for d, used in zip(ins, used_inputs(eqn, k)) if used)
+                for k in range(len(eqn.outvars))
+            ]
+        return [_union(ins)] * len(eqn.outvars)
 
-    for eqn in jaxpr.eqns:
-        ins = [dep(v) for v in eqn.invars]
-        if _has_subjaxpr(eqn):
-            for k, out in enumerate(eqn.outvars):
-                mask = 0
-                for d, used in zip(ins, _eqn_used_inputs(eqn, k)):
-                    if used:
-                        mask |= d
-                deps[out] = mask
-        else:
-            mask = 0
-            for d in ins:
-                mask |= d
-            for out in eqn.outvars:
-                deps[out] = mask
-    return [dep(v) for v in jaxpr.outvars]
+    masks = [1 << i for i in range(len(jaxpr.invars))]
+    consts = [None] * len(jaxpr.constvars)
+    return interpret(jaxpr, consts, masks, dependencies, literal=lambda _: 0, const=lambda v, c: 0)
 
 
-def _has_subjaxpr(eqn) -> bool:
-    def is_jaxpr(x) -> bool:
-        return type(x).__name__ in ("Jaxpr", "ClosedJaxpr")
-
-    return any(
-        is_jaxpr(v) or (isinstance(v, (tuple, list)) and any(is_jaxpr(x) for x in v))
-        for v in eqn.params.values()
-    )
-
-
-def _eqn_used_inputs(eqn, output: int) -> list[bool]:
-    """Which inputs of ``eqn`` its output number ``output`` depends on."""
-    used_outputs = [k == output for k in range(len(eqn.outvars))]
-    try:
-        from jax._src.interpreters import partial_eval as pe
-
-        rule = pe.dce_rules.get(eqn.primitive, pe._default_dce_rule)
-        used, _ = rule(used_outputs, eqn)
-        if len(used) == len(eqn.invars):
-            return list(used)
-    except Exception:  # private API moved: be conservative
-        pass
-    return [True] * len(eqn.invars)
-
-
-def _is_var(v) -> bool:
-    return type(v).__name__ != "Literal"
+def _union(masks) -> int:
+    out = 0
+    for m in masks:
+        out |= m
+    return out
 
 
 def _name(model: Callable) -> str:

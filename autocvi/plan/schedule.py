@@ -28,7 +28,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
-from jax._src.interpreters import partial_eval as pe
 from jax.extend import core as jax_core
 
 from ..analysis.classify import latent_layouts, trace
@@ -37,6 +36,7 @@ from ..analysis.joint import find_joint_groups, joint_model
 from ..analysis.layout import LatentLayout
 from ..analysis.linear_predictor import find_linear_predictor
 from ..blocks.gaussian_block import find_block
+from ..jaxpr import dce
 from ..model.graph import EdgeInfo, FactorGraph, PlateInfo, _format_table
 from ..model.message_kinds import EXACT, FISHER, GAUSS_HERMITE, MESSAGE_KINDS, MONTE_CARLO
 
@@ -441,7 +441,7 @@ def _compiled_log_density(log_density: Callable, example: dict) -> Callable:
             return log_density(dict(zip(names, xs)))
 
     closed = jax.make_jaxpr(flat_fn)(*(example[n] for n in names))
-    jaxpr, used = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
+    jaxpr, used = dce(closed.jaxpr)
     kept = [n for n, u in zip(names, used) if u]
     fn = jax_core.jaxpr_as_fun(jax_core.ClosedJaxpr(jaxpr, closed.consts))
 

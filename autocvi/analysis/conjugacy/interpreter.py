@@ -32,20 +32,13 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from jax.extend import core as jcore
 
+from ...jaxpr import bind, closed_parts, interpret
 from . import algebra as A
 from .algebra import CONST, IND, IND_CROSS, Ctx, Mono, Opaque, Origin, Poly, Term
-from .npeval import NP_IMPL, np_dot_general
+from .npeval import NP_DECLINED, NP_IMPL, np_dot_general
 
 __all__ = ["Interpreter", "Val", "RULES"]
-
-Literal = jcore.Literal
-# jax.extend.core exports DropVar from jax 0.10; older releases keep it in jax.core's
-# implementation module.
-DropVar = getattr(jcore, "DropVar", None)
-if DropVar is None:  # pragma: no cover - jax < 0.10
-    from jax._src.core import DropVar
 
 
 class Val:
@@ -80,88 +73,51 @@ def prim_bind(eqn, args, params=None):
         try:
             with np.errstate(all="ignore"):
                 return f(*args, **params)
-        except Exception:
+        except NP_DECLINED:  # a case the numpy version does not cover: jax computes it
             pass
     return eqn.primitive.bind(*args, **params)
 
 
-def bind_eqn(eqn, args):
-    """Evaluate one equation on concrete arguments (as ``jax.core.eval_jaxpr`` does)."""
+def bind_eqn(eqn, args) -> list:
+    """Evaluate one equation on concrete arguments (numpy first); a list of outputs."""
     f = NP_IMPL.get(eqn.primitive.name)
     if f is not None:
         try:
             with np.errstate(all="ignore"):
                 out = f(*args, **eqn.params)
+        except NP_DECLINED:  # a case the numpy version does not cover: jax computes it
+            pass
+        else:
             if eqn.primitive.multiple_results:
                 return [np.asarray(o, dtype=v.aval.dtype) for o, v in zip(out, eqn.outvars)]
-            return np.asarray(out, dtype=eqn.outvars[0].aval.dtype)
-        except Exception:
-            pass
-    bp = eqn.primitive.get_bind_params(eqn.params)
-    if isinstance(bp, tuple):  # older jax: (subfuns, params)
-        subfuns, params = bp
-        return eqn.primitive.bind(*subfuns, *args, **params)
-    return eqn.primitive.bind(*args, **bp)
+            return [np.asarray(out, dtype=eqn.outvars[0].aval.dtype)]
+    return bind(eqn, args)
 
 
 def eval_concrete(jaxpr, consts, args) -> list:
     """Plain evaluation of a jaxpr (numpy first, calls entered), like ``jax.core.eval_jaxpr``."""
-    env = {}
 
-    def read(v):
-        return v.val if isinstance(v, Literal) else env[v]
-
-    for v, c in zip(jaxpr.constvars, consts):
-        env[v] = c
-    for v, a in zip(jaxpr.invars, args):
-        env[v] = a
-    for eqn in jaxpr.eqns:
-        ins = [read(v) for v in eqn.invars]
-        name = eqn.primitive.name
-        if name == "cond":
+    def evaluate(eqn, ins):
+        if eqn.primitive.name == "cond":
             k = int(np.clip(np.asarray(ins[0]), 0, len(eqn.params["branches"]) - 1))
-            j, c = _closed(eqn.params["branches"][k])
-            outs = eval_concrete(j, c, ins[1:])
-        elif name in CALL_PARAM:
-            key = CALL_PARAM[name]
-            if key not in eqn.params:
-                key = "fun_jaxpr"
-            j, c = _closed(eqn.params[key])
-            outs = eval_concrete(j, c, ins)
-        else:
-            out = bind_eqn(eqn, ins)
-            outs = out if eqn.primitive.multiple_results else [out]
-        for v, o in zip(eqn.outvars, outs):
-            if not isinstance(v, DropVar):
-                env[v] = o
-    return [read(v) for v in jaxpr.outvars]
+            return eval_concrete(*closed_parts(eqn.params["branches"][k]), ins[1:])
+        return bind_eqn(eqn, ins)
 
-
-CALL_PARAM = {
-    "jit": "jaxpr",
-    "pjit": "jaxpr",
-    "closed_call": "call_jaxpr",
-    "core_call": "call_jaxpr",
-    "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr",
-    "custom_vjp_call_jaxpr": "fun_jaxpr",
-    "remat": "jaxpr",
-    "remat2": "jaxpr",
-    "checkpoint": "jaxpr",
-}
+    return interpret(jaxpr, consts, args, evaluate)
 
 
 def _aval_shape(var) -> tuple:
     return tuple(var.aval.shape)
 
 
-_SKIP_DIRS = (
+# Frames inside these packages are not the user's code (autocvi's own directory by
+# path, so a checkout in a folder named e.g. "autocvi" still shows the user's lines).
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_LIBRARY_DIRS = (
+    _PACKAGE_DIR + os.sep,
     os.sep + "jax" + os.sep,
     os.sep + "jaxlib" + os.sep,
     os.sep + "numpyro" + os.sep,
-    os.sep + "conjugacy" + os.sep,
-    os.sep + "autocvi" + os.sep + "tracing",
-    os.sep + "autocvi" + os.sep + "graph",
 )
 
 
@@ -173,7 +129,7 @@ def _user_source(eqn) -> str:
         return ""
     for f in frames:
         fn = f.file_name
-        if any(s in fn for s in _SKIP_DIRS) or fn.startswith("<") or "site-packages" in fn:
+        if any(s in fn for s in _LIBRARY_DIRS) or fn.startswith("<") or "site-packages" in fn:
             continue
         return f"{os.path.basename(fn)}:{f.line_num}"
     return ""
@@ -221,14 +177,12 @@ class Interpreter:
     def thunk(self, eqn, ins):
         """Memoised concrete evaluation of ``eqn`` at every draw."""
         cache = []
-        multiple = eqn.primitive.multiple_results
 
         def run():
             if not cache:
                 per = []
                 for d in range(self.D):
-                    out = bind_eqn(eqn, [v.at(d) for v in ins])
-                    per.append(list(out) if multiple else [out])
+                    per.append(bind_eqn(eqn, [v.at(d) for v in ins]))
                 cache.append(per)
             return cache[0]
 
@@ -288,33 +242,22 @@ class Interpreter:
     # -- the walk -------------------------------------------------------------
 
     def eval_jaxpr(self, jaxpr, consts, args: list[Val]) -> list[Val]:
-        env = {}
-
-        def read(v):
-            if isinstance(v, Literal):
-                return Val(None, const=v.val)
-            return env[v]
-
-        for v, c in zip(jaxpr.constvars, consts):
-            env[v] = Val(None, const=c)
-        for v, a in zip(jaxpr.invars, args):
-            env[v] = a
-        for eqn in jaxpr.eqns:
-            ins = [read(v) for v in eqn.invars]
-            outs = self.eval_eqn(eqn, ins)
-            for v, o in zip(eqn.outvars, outs):
-                if not isinstance(v, DropVar):
-                    env[v] = o
-        return [read(v) for v in jaxpr.outvars]
+        """Walk ``jaxpr`` (calls entered by the shared walker) on abstract values."""
+        return interpret(
+            jaxpr,
+            consts,
+            args,
+            self.eval_eqn,
+            literal=lambda lit: Val(None, const=lit.val),
+            const=lambda var, c: Val(None, const=c),
+        )
 
     def eval_eqn(self, eqn, ins: list[Val]) -> list[Val]:
         name = eqn.primitive.name
         if not any(v.dep for v in ins):
-            if name in CALL_NAMES:
+            if name in RULED_WHEN_CONSTANT:
                 return RULES[name](self, eqn, ins)
-            out = bind_eqn(eqn, [v.const for v in ins])
-            outs = out if eqn.primitive.multiple_results else [out]
-            return [Val(None, const=o) for o in outs]
+            return [Val(None, const=o) for o in bind_eqn(eqn, [v.const for v in ins])]
         rule = RULES.get(name)
         if self.ctx.discrete and name not in DISCRETE_SAFE:
             rule = discrete_rule
@@ -1172,31 +1115,9 @@ def r_reduce_maxmin(it, eqn, ins):
 # -- calls ------------------------------------------------------------------------------
 
 
-def _closed(j):
-    if hasattr(j, "jaxpr") and hasattr(j, "consts"):
-        return j.jaxpr, j.consts
-    return j, []
-
-
-def _call_rule(param):
-    def r(it, eqn, ins):
-        jaxpr, consts = _closed(eqn.params[param])
-        return it.eval_jaxpr(jaxpr, consts, ins)
-
-    return r
-
-
-RULES["jit"] = RULES["pjit"] = _call_rule("jaxpr")
-RULES["closed_call"] = RULES["core_call"] = _call_rule("call_jaxpr")
-RULES["custom_jvp_call"] = _call_rule("call_jaxpr")
-RULES["remat"] = RULES["remat2"] = RULES["checkpoint"] = _call_rule("jaxpr")
-
-
-@rule("custom_vjp_call", "custom_vjp_call_jaxpr")
-def r_custom_vjp(it, eqn, ins):
-    key = "call_jaxpr" if "call_jaxpr" in eqn.params else "fun_jaxpr"
-    jaxpr, consts = _closed(eqn.params[key])
-    return it.eval_jaxpr(jaxpr, consts, ins)
+# Calls (jit, custom_jvp/vjp, remat, ...) are entered by the shared walker
+# (autocvi.jaxpr.interpret) before a rule is looked up; `cond` is a rule because its
+# branch depends on the (possibly target-dependent) index.
 
 
 @rule("cond")
@@ -1213,7 +1134,7 @@ def r_cond(it, eqn, ins):
     else:
         k = index.const
     k = int(np.clip(np.asarray(k), 0, len(branches) - 1))
-    jaxpr, consts = _closed(branches[k])
+    jaxpr, consts = closed_parts(branches[k])
     return it.eval_jaxpr(jaxpr, consts, list(ops))
 
 
@@ -1288,7 +1209,7 @@ def r_scan(it, eqn, ins):
         msg = f"`scan` of length {length} (longer than {MAX_SCAN_UNROLL}) carries the target"
         o = it.new_opaque(eqn, ins, message=msg)
         return [o] * len(eqn.outvars)
-    body, bconsts = _closed(p["jaxpr"])
+    body, bconsts = closed_parts(p["jaxpr"])
     consts, carry, xs = list(ins[:nc]), list(ins[nc : nc + ncar]), list(ins[nc + ncar :])
     order = range(length - 1, -1, -1) if p.get("reverse", False) else range(length)
     ys = {}
@@ -1306,21 +1227,9 @@ def r_barrier(it, eqn, ins):
     return list(ins)
 
 
-CALL_NAMES = frozenset(
-    {
-        "jit",
-        "pjit",
-        "closed_call",
-        "core_call",
-        "custom_jvp_call",
-        "custom_vjp_call",
-        "custom_vjp_call_jaxpr",
-        "remat",
-        "remat2",
-        "checkpoint",
-        "cond",
-    }
-)
+# Rules that run even when no input depends on the target (a constant-index `cond`
+# is evaluated through its branch, in numpy, instead of compiling the cond).
+RULED_WHEN_CONSTANT = frozenset({"cond"})
 
 # -- discrete targets ---------------------------------------------------------------
 
@@ -1361,16 +1270,6 @@ DISCRETE_SAFE = frozenset(
         "scatter_add",
         "split",
         "select_n",
-        "jit",
-        "pjit",
-        "closed_call",
-        "core_call",
-        "custom_jvp_call",
-        "custom_vjp_call",
-        "custom_vjp_call_jaxpr",
-        "remat",
-        "remat2",
-        "checkpoint",
         "cond",
         "optimization_barrier",
         "scan",
@@ -1380,16 +1279,6 @@ DISCRETE_SAFE = frozenset(
 OPAQUE_AWARE = frozenset(
     {
         "select_n",
-        "jit",
-        "pjit",
-        "closed_call",
-        "core_call",
-        "custom_jvp_call",
-        "custom_vjp_call",
-        "custom_vjp_call_jaxpr",
-        "remat",
-        "remat2",
-        "checkpoint",
         "optimization_barrier",
         "scan",
     }

@@ -13,9 +13,13 @@ from __future__ import annotations
 import numpy as np
 import scipy.special as sps
 
-__all__ = ["NP_IMPL", "np_dot_general"]
+__all__ = ["NP_DECLINED", "NP_IMPL", "np_dot_general"]
 
 NP_IMPL: dict = {}
+# What a numpy implementation raises for an argument kind it does not cover (an
+# integer where it needs floats, dynamic shapes, a parameter it does not know): the
+# caller then binds the jax primitive instead.
+NP_DECLINED = (TypeError, ValueError, NotImplementedError, KeyError, IndexError)
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 

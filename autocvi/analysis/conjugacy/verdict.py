@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ...jaxpr import dce
 from . import algebra as A
 from .algebra import CONST, IND, LOGW, LOGZ, Ctx, Mono, Opaque, Poly
 from .interpreter import Interpreter, Val, eval_concrete
@@ -82,13 +83,8 @@ _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _dce(closed):
-    try:
-        from jax._src.interpreters import partial_eval as pe
-
-        jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
-        return jaxpr, list(closed.consts)
-    except Exception:  # pragma: no cover - private API moved
-        return closed.jaxpr, list(closed.consts)
+    jaxpr, _ = dce(closed.jaxpr, keep_inputs=True)
+    return jaxpr, list(closed.consts)
 
 
 def _unwrap(d):

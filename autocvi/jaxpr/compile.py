@@ -1,0 +1,164 @@
+"""Compile once per program structure: data become inputs, not constants.
+
+``jax.jit`` caches a compiled program per Python function object, and bakes
+every array the function closes over into the program as a constant. autocvi
+builds new closures for every ``fit`` (the factors' log densities close over
+the model's data), so a refit of the same model recompiled everything, and a
+program with the data inside cannot be shared with a refit on new data.
+
+:func:`structural_jit` traces the function to a jaxpr, lifts the captured
+arrays out as arguments, and keys the compiled program on the jaxpr's text
+(primitives, shapes, dtypes, parameters) and the shapes and dtypes of those
+arrays. A second function that traces to the same jaxpr (the same model and
+options, data of the same shapes and dtypes, any values, any seed) reuses the
+executable; only the tracing is repeated. With data out of the program, JAX's
+persistent compilation cache (``jax_compilation_cache_dir``) can also share it
+between processes.
+
+What changes the key (and compiles anew): the model's code, the options that
+change the plan, data shapes or dtypes, the floating-point precision
+(``jax_enable_x64``), and Python scalars in the model (they are literals of the
+jaxpr). A value JAX keeps inside a sub-jaxpr's constants (rare: custom
+derivative bodies) is fingerprinted by value, so it can only cause a miss,
+never a stale program.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable
+
+import jax
+import numpy as np
+from jax.extend import core as jcore
+
+__all__ = [
+    "structural_jit",
+    "clear_program_cache",
+    "enable_compilation_cache",
+    "program_cache_info",
+]
+
+# Compiled programs by structure; least recently used dropped beyond this many.
+_MAX_PROGRAMS = 64
+_PROGRAMS: OrderedDict = OrderedDict()
+_STATS = {"hits": 0, "misses": 0}
+
+
+def structural_jit(fn: Callable) -> Callable:
+    """``jax.jit(fn)`` whose compiled program is shared by functions with the same jaxpr.
+
+    Arguments are pytrees of arrays. The returned function retraces ``fn`` only
+    for new argument shapes and dtypes (as ``jax.jit`` does); the XLA program is
+    looked up by structure first (see the module docstring).
+    """
+    traced: dict = {}
+
+    def call(*args):
+        leaves, in_tree = jax.tree_util.tree_flatten(args)
+        signature = (in_tree, tuple(_aval_key(x) for x in leaves))
+        entry = traced.get(signature)
+        if entry is None:
+            closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+            consts = list(closed.consts)
+            key = (
+                signature,
+                str(closed.jaxpr),
+                tuple(_aval_key(c) for c in consts),
+                _nested_constants(closed.jaxpr),
+            )
+            entry = (_program(key, closed.jaxpr), consts, jax.tree_util.tree_structure(out_shape))
+            traced[signature] = entry
+        program, consts, out_tree = entry
+        return jax.tree_util.tree_unflatten(out_tree, program(consts, leaves))
+
+    call.__wrapped__ = fn
+    return call
+
+
+def clear_program_cache() -> None:
+    """Forget every compiled program (the next fit of each model compiles again), reset counts."""
+    _PROGRAMS.clear()
+    _STATS.update(hits=0, misses=0)
+
+
+def program_cache_info() -> dict:
+    """``{"hits", "misses", "size"}`` of the compiled-program cache, for diagnostics and tests."""
+    return {**_STATS, "size": len(_PROGRAMS)}
+
+
+def enable_compilation_cache(path=None, min_compile_time_secs: float = 0.0) -> str:
+    """Keep compiled programs on disk, so a new Python process does not compile again.
+
+    Sets JAX's persistent compilation cache (``jax_compilation_cache_dir``), a
+    process-wide JAX setting, which is why autocvi never sets it by itself. Because
+    :func:`structural_jit` keeps the data out of the programs, the second run of a
+    script (any data of the same shapes) loads them instead of compiling; the small
+    programs of tracing and planning are kept too (``min_compile_time_secs=0``).
+    Measured on a 14-site conjugate hierarchy, pinned to one core: a first ``fit`` in
+    a new process 13.7 s without, 2.4 s with a warm cache. JAX's C++ runtime may log
+    "Assume version compatibility" once per program loaded (set the environment
+    variable ``TF_CPP_MIN_LOG_LEVEL=1`` before importing jax to silence it).
+
+    Args:
+        path: the cache directory (default ``~/.cache/autocvi/jax``).
+        min_compile_time_secs: only programs that took longer to compile are kept.
+
+    Returns:
+        the directory used.
+    """
+    import os
+
+    path = os.path.expanduser(path or os.path.join("~", ".cache", "autocvi", "jax"))
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_time_secs))
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
+def _program(key, jaxpr) -> Callable:
+    program = _PROGRAMS.get(key)
+    if program is not None:
+        _STATS["hits"] += 1
+        _PROGRAMS.move_to_end(key)
+        return program
+    _STATS["misses"] += 1
+
+    def evaluate(consts, leaves):
+        return jcore.jaxpr_as_fun(jcore.ClosedJaxpr(jaxpr, consts))(*leaves)
+
+    program = jax.jit(evaluate)
+    _PROGRAMS[key] = program
+    while len(_PROGRAMS) > _MAX_PROGRAMS:
+        _PROGRAMS.popitem(last=False)
+    return program
+
+
+def _aval_key(x) -> str:
+    """Shape, dtype and weak type, as ``jax.jit`` distinguishes arguments."""
+    return str(jax.typeof(x))
+
+
+def _nested_constants(jaxpr) -> tuple:
+    """Fingerprints (by value) of constants held inside sub-jaxprs' parameters."""
+    found = []
+
+    def visit(j):
+        for eqn in j.eqns:
+            for p in eqn.params.values():
+                for sub in p if isinstance(p, (tuple, list)) else (p,):
+                    if isinstance(sub, jcore.ClosedJaxpr):
+                        found.extend(_fingerprint(c) for c in sub.consts)
+                        visit(sub.jaxpr)
+                    elif isinstance(sub, jcore.Jaxpr):
+                        visit(sub)
+
+    visit(jaxpr)
+    return tuple(found)
+
+
+def _fingerprint(c) -> tuple:
+    a = np.asarray(c)
+    return (a.shape, str(a.dtype), hashlib.sha1(np.ascontiguousarray(a).tobytes()).hexdigest())

@@ -1,0 +1,101 @@
+"""Compile once per model and shapes (issue 14): ``autocvi.jaxpr.structural_jit``.
+
+Soundness: a shared program never computes with another closure's data (the
+oracle is the function run eagerly / a fit after the cache is cleared).
+Completeness: the same structure with new values, or a new seed, does not compile again.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+
+import autocvi
+from autocvi.jaxpr import clear_program_cache, program_cache_info, structural_jit
+
+
+def _closure(data):
+    def f(x):
+        return jnp.sum(jnp.sin(data) * x), data.mean() + x
+
+    return f
+
+
+def test_closures_over_new_data_share_one_program():
+    clear_program_cache()
+    rng = np.random.RandomState(0)
+    x = jnp.float32(0.7)
+    for _ in range(3):
+        data = jnp.asarray(rng.normal(size=5), jnp.float32)
+        got = structural_jit(_closure(data))(x)
+        want = _closure(data)(x)  # eager: the oracle
+        np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-6)
+    info = program_cache_info()
+    assert info["misses"] == 1 and info["hits"] == 2, info
+
+
+def test_new_shapes_or_dtypes_compile_anew():
+    clear_program_cache()
+    x = jnp.float32(0.7)
+    structural_jit(_closure(jnp.ones(5)))(x)
+    structural_jit(_closure(jnp.ones(6)))(x)
+    structural_jit(_closure(jnp.ones(5, jnp.int32)))(x)
+    assert program_cache_info()["misses"] == 3
+
+
+def test_enable_compilation_cache_sets_jax_persistent_cache(tmp_path):
+    old = jax.config.jax_compilation_cache_dir
+    try:
+        path = autocvi.enable_compilation_cache(tmp_path / "cache")
+        assert jax.config.jax_compilation_cache_dir == path
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0
+    finally:
+        jax.config.update("jax_compilation_cache_dir", old)
+
+
+def test_constants_inside_sub_jaxprs_never_go_stale():
+    """A value JAX keeps inside a custom-derivative body is part of the key."""
+
+    def make(c):
+        @jax.custom_jvp
+        def g(x):
+            return x * c
+
+        g.defjvp(lambda p, t: (g(p[0]), t[0] * c))
+        return lambda x: g(x)
+
+    x = jnp.ones(3)
+    for c in (np.arange(3.0, dtype=np.float32), np.arange(3.0, dtype=np.float32) + 5):
+        np.testing.assert_allclose(structural_jit(make(jnp.asarray(c)))(x), c)
+
+
+def _regression(X, y=None):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    tau = numpyro.sample("tau", dist.Gamma(2.0, 1.0))
+    with numpyro.plate("n", X.shape[0]):
+        numpyro.sample("y", dist.Normal(X @ w, 1.0 / jnp.sqrt(tau)), obs=y)
+
+
+def _data(seed):
+    rng = np.random.RandomState(seed)
+    X = rng.normal(size=(40, 3)).astype(np.float32)
+    y = (X @ np.array([1.0, -0.5, 0.2]) + 0.3 * rng.normal(size=40)).astype(np.float32)
+    return {"X": jnp.asarray(X), "y": jnp.asarray(y)}
+
+
+@pytest.mark.parametrize("rng_key", [0, 3])
+def test_refit_on_new_data_reuses_the_compiled_loop_and_is_right(rng_key):
+    autocvi.fit(_regression, _data(1), progress_bar=False)  # compiles
+    before = program_cache_info()
+    warm = autocvi.fit(_regression, _data(2), rng_key=rng_key, progress_bar=False)
+    after = program_cache_info()
+    assert after["misses"] == before["misses"], (before, after)
+    assert after["hits"] > before["hits"]
+    clear_program_cache()
+    cold = autocvi.fit(_regression, _data(2), rng_key=rng_key, progress_bar=False)
+    for site in ("w", "tau"):
+        np.testing.assert_allclose(
+            np.asarray(warm.posterior[site].mean), np.asarray(cold.posterior[site].mean), rtol=1e-5
+        )
