@@ -1,28 +1,19 @@
-"""The one driver every benchmark runs on.
+"""The one driver every benchmark runs on (``benchmarks/README.md`` describes it).
 
-* :class:`Method` -- the protocol: ``setup(model, data) -> state`` (timed as setup),
-  ``step(state) -> state`` (one iteration), ``objective(state)`` (the method's own
-  per-iteration objective) and ``posterior(state)`` (what the common scorer reads:
-  a dict site -> numpyro Distribution, or a ``sample_and_log_q``). Methods whose
-  iterations are JAX functions also provide ``fused(state, n)``: the loop their own
-  ``run`` runs (``CVI.run``, ``SVI.run``), timed as a whole after an explicit
-  warm-up/AOT compilation. Implementations: :class:`AutocviMethod` (public
-  ``autocvi.CVI`` only), :class:`SVIMethod` (NumPyro SVI, any autoguide and
-  optimiser), :class:`BayesPyMethod` (a BayesPy VB model built by a function).
-* :func:`run` -- the one timed runner: setup, compile, loop time (fastest of
-  ``repeats`` identical runs), per-iteration objective trace and the states at
-  the iterations asked for (replayed exactly from the nearest kept state).
-* :class:`ELBOEstimator` -- the one scorer: plain Monte Carlo ELBO of any q with
-  common random numbers.
-* :func:`compare` -- score every method on its grid, the reference optimum, the
-  first iteration within each threshold (exact for SVI by bisection on replays).
-* :func:`write` -- ``results/<name>.json/.md/.png`` from declared tables
-  (:func:`table`: columns as ``(header, key-or-function, format)``) and plots
-  (:func:`plot`: panels as dicts).
+* Methods: :class:`AutocviMethod` (public ``autocvi.CVI`` only), :class:`SVIMethod` (NumPyro
+  SVI, any autoguide, loss and optimiser) and :class:`BayesPyMethod` implement
+  :class:`Method`; those whose loop is a JAX function also provide ``fused(state, n)``, the
+  loop their own ``run`` runs.
+* :func:`run`, the one timed runner; :class:`ELBOEstimator`, the common scorer (Monte Carlo
+  ELBO with common random numbers); :func:`experiment`, every :class:`Entry` run and scored
+  on its grid, the reference and the first iteration within each threshold of it.
+* Reports: tables declared as columns (:func:`table`), plots as panel dicts (:func:`plot`),
+  one writer (:func:`write`: ``results/<name>.json``, ``.md``, ``.png``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import importlib
 import json
@@ -39,11 +30,13 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 import numpy as np
-from numpyro import handlers
 from numpyro.infer.util import log_density
 
+import autocvi
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = Path(__file__).resolve().parent / "results"
+# Smoke tests write elsewhere: AUTOCVI_BENCHMARK_RESULTS=/tmp/x python -m benchmarks --quick
+RESULTS = Path(os.environ.get("AUTOCVI_BENCHMARK_RESULTS", Path(__file__).parent / "results"))
 warnings.filterwarnings("ignore", module="autocvi")
 
 
@@ -56,25 +49,26 @@ def _version(mod):
 
 
 def _git(*args):
-    try:
-        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=20)
-        return out.stdout.strip() if out.returncode == 0 else None
-    except Exception:  # noqa: BLE001
-        return None
+    out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=20)
+    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def environment() -> dict:
     """Versions, git commit (and whether autocvi/ is modified), machine, JAX backend, load."""
     dirty = _git("status", "--porcelain", "--", "autocvi")
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
     cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if ln.startswith("model name")
-        ),
-        platform.processor(),
+        (ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")),
+        "?",
     )
     mods = ("autocvi", "jax", "jaxlib", "numpyro", "numpy", "sklearn", "bayespy")
+    machine = {
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "affinity": sorted(os.sched_getaffinity(0)),
+    }
+    machine.update(jax_backend=jax.default_backend(), x64=bool(jax.config.jax_enable_x64))
+    machine["load_average_1_5_15min"] = list(os.getloadavg())
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "versions": {m: _version(m) for m in mods},
@@ -82,29 +76,18 @@ def environment() -> dict:
         "git_commit": _git("rev-parse", "HEAD"),
         "autocvi_worktree_dirty": bool(dirty),
         "autocvi_dirty_files": dirty.splitlines() if dirty else [],
-        "machine": {
-            "cpu": cpu,
-            "cpu_count": os.cpu_count(),
-            "affinity": sorted(os.sched_getaffinity(0))
-            if hasattr(os, "sched_getaffinity")
-            else None,
-            "jax_backend": jax.default_backend(),
-            "x64": bool(jax.config.jax_enable_x64),
-            "load_average_1_5_15min": list(os.getloadavg()),
-        },
+        "machine": machine,
     }
 
 
 def env_line(env, cmd) -> str:
-    m = env["machine"]
+    m, v = env["machine"], env["versions"]
+    dirty = " (autocvi files modified in the work tree)" if env["autocvi_worktree_dirty"] else ""
     return (
         f"Generated by `python -m benchmarks {cmd}` on {env['date']} — {m['cpu']} "
         f"({m['cpu_count']} CPUs, JAX backend {m['jax_backend']}, x64={m['x64']}; load average "
-        f"{m['load_average_1_5_15min'][0]:.2f} at the end); jax {env['versions']['jax']}, numpyro "
-        f"{env['versions']['numpyro']}, autocvi {env['versions']['autocvi']} at git "
-        f"{str(env['git_commit'])[:10]}"
-        + (" (autocvi files modified in the work tree)" if env["autocvi_worktree_dirty"] else "")
-        + "."
+        f"{m['load_average_1_5_15min'][0]:.2f} at the end); jax {v['jax']}, numpyro "
+        f"{v['numpyro']}, autocvi {v['autocvi']} at git {str(env['git_commit'])[:10]}{dirty}."
     )
 
 
@@ -112,9 +95,9 @@ def env_line(env, cmd) -> str:
 class ELBOEstimator:
     """ELBO of any q by plain Monte Carlo, ``mean_s [log p(x, z_s) - log q(z_s)]``.
 
-    ``log p`` is numpyro's ``log_density`` of ``model(**data)``; the draws come from
-    one fixed key shared by every method (common random numbers), in jitted chunks,
-    averaged in float64 on the host. Returns (estimate, Monte Carlo standard error).
+    ``log p`` is numpyro's ``log_density`` of ``model(**data)``; the draws come from one
+    fixed key shared by every method (common random numbers), in chunks, averaged in
+    float64 on the host. Returns (estimate, Monte Carlo standard error).
     """
 
     def __init__(self, model, data, num_samples=4096, rng_key=12345, chunk=4096):
@@ -122,62 +105,38 @@ class ELBOEstimator:
         self.key = jax.random.PRNGKey(rng_key)
         self._logp = jax.jit(jax.vmap(lambda z: log_density(model, (), data, z)[0]))
 
-    def per_sample(self, q) -> np.ndarray:
+    def draws(self, q):
+        """``(z, log q(z))`` chunks of the shared draws of q (site dict or sample_and_log_q)."""
         sample_and_log_q = q if callable(q) else independent_q(q)
-        out = []
         for start in range(0, self.num_samples, self.chunk):
             n = min(self.chunk, self.num_samples - start)
-            z, log_q = sample_and_log_q(jax.random.fold_in(self.key, start), n)
-            out.append(np.asarray(self._logp(z), np.float64) - np.asarray(log_q, np.float64))
-        return np.concatenate(out)
+            yield sample_and_log_q(jax.random.fold_in(self.key, start), n)
 
     def __call__(self, q) -> tuple[float, float]:
-        v = self.per_sample(q)
+        v = [np.asarray(self._logp(z), np.float64) - np.asarray(lq) for z, lq in self.draws(q)]
+        v = np.concatenate(v)
         if not np.all(np.isfinite(v)):
             return float("nan"), float("nan")
         return float(v.mean()), float(v.std(ddof=1) / np.sqrt(v.size))
 
 
-@jax.jit
-def _draw_independent(dists, key):
-    names = sorted(dists)
-    z, lq = {}, 0.0
-    for k, n in zip(jax.random.split(key, len(names)), names):
-        z[n] = dists[n].sample(k)
-        lq = lq + jnp.sum(dists[n].log_prob(z[n]))
-    return z, lq
-
-
-_draw_batch = jax.jit(jax.vmap(_draw_independent, in_axes=(None, 0)))
-
-
 def independent_q(dists: dict) -> Callable:
-    """``sample_and_log_q`` of a product of numpyro Distributions (one jit per structure)."""
-    return lambda key, n: _draw_batch(dists, jax.random.split(key, n))
+    """``sample_and_log_q`` of a product of numpyro Distributions (an
+    ``autocvi.BlockPosterior`` draws with its own exact log density)."""
 
+    def draw(key, n):
+        z, lq = {}, 0.0
+        for i, name in enumerate(sorted(dists)):
+            d, k = dists[name], jax.random.fold_in(key, i)
+            if isinstance(d, autocvi.BlockPosterior):
+                z[name], lq_site = d.sample_with_log_prob(k, (n,))
+            else:
+                z[name] = d.sample(k, (n,))
+                lq_site = jnp.sum(jnp.reshape(d.log_prob(z[name]), (n, -1)), axis=1)
+            lq = lq + lq_site
+        return z, lq
 
-_GUIDE_DRAWS: dict = {}
-
-
-def guide_q(guide, params, data, sites=None) -> Callable:
-    """``sample_and_log_q`` of a NumPyro guide at ``params`` (auxiliary sites count in log q)."""
-    ck = (id(guide), tuple(sorted(data)), sites)
-    if ck not in _GUIDE_DRAWS:
-
-        def one(p, key):
-            tr = handlers.trace(handlers.substitute(handlers.seed(guide, key), data=p))
-            z, lq = {}, 0.0
-            for name, s in tr.get_trace(**data).items():
-                if s["type"] != "sample" or s["is_observed"]:
-                    continue
-                lq = lq + jnp.sum(s["fn"].log_prob(s["value"]))
-                if not s["infer"].get("is_auxiliary") and (sites is None or name in sites):
-                    z[name] = s["value"]
-            return z, lq
-
-        _GUIDE_DRAWS[ck] = (guide, jax.jit(jax.vmap(one, in_axes=(None, 0))))
-    draw = _GUIDE_DRAWS[ck][1]
-    return lambda key, n: draw(params, jax.random.split(key, n))
+    return draw
 
 
 # ------------------------------------------------------------------ methods
@@ -192,49 +151,41 @@ class Method(Protocol):
     def posterior(self, state) -> Any: ...
 
 
-def tree_index(tree, i):
-    return jax.tree_util.tree_map(lambda x: x[i], tree)
-
-
 class AutocviMethod:
-    """autocvi through its public API only: ``autocvi.CVI(model, **options)``.
+    """autocvi through its public API only: ``autocvi.CVI(model, **options)`` (planner
+    options such as ``use_quadrature=False`` included).
 
     ``setup`` is ``CVI.init`` (trace, plan, compile and run ``init``); ``step`` is
     ``CVI.update`` (one compiled step plus its ELBO on the host); ``fused`` is
-    ``CVI.run(init_state=..., tol=0)``: ``autocvi.fit``'s own loop (compiled chunks of
-    20 iterations), timed after a warm-up call that compiles it; ``posterior`` is
-    ``CVI.get_posterior``.
+    ``CVI.run(init_state=..., tol=0)``, ``autocvi.fit``'s own loop (compiled chunks of 20
+    iterations); ``converge`` the same loop with ``fit``'s stopping rule; ``posterior``
+    is ``CVI.get_posterior``.
     """
 
     kind = "autocvi"
 
     def __init__(self, label="autocvi", rng_key=0, **options):
-        self.label, self.rng_key, self.options = label, rng_key, options
-        self.setting = ""
+        self.label, self.rng_key, self.options, self.setting = (
+            label,
+            rng_key,
+            options,
+            "",
+        )
 
     def setup(self, model, data):
-        import autocvi
-
-        self.data = data
+        self.data, self._elbo = data, float("nan")
         self.cvi = autocvi.CVI(model, tol=0.0, **self.options)
         state = self.cvi.init(jax.random.PRNGKey(self.rng_key), **data)
-        self._elbo = float("nan")
-        sched = self.cvi.get_schedule(state)
+        self.schedule = sched = self.cvi.get_schedule(state)
         kinds = sorted({k for node in sched.nodes.values() for _, k in node.incoming})
-        subs = sorted(
-            {
-                f"{p.name}[{p.subsample_size}/{p.size}]"
-                for f in sched.factors.values()
-                for p in f.subsampled
-            }
-        )
+        plates = {p for f in sched.factors.values() for p in f.subsampled}
+        subs = ", ".join(sorted(f"{p.name}[{p.subsample_size}/{p.size}]" for p in plates))
         self.setting = (
             f"messages: {', '.join(kinds)}; beta={sched.step_size:g}"
             + "".join(f"; {k}: {b.describe()}" for k, b in sched.blocks.items())
-            + (f"; subsampled {', '.join(subs)}" if subs else "")
+            + (f"; subsampled {subs}" if subs else "")
             + (f"; {self.options}" if self.options else "")
         )
-        self.schedule = sched
         return state
 
     def step(self, state):
@@ -265,94 +216,100 @@ class AutocviMethod:
 class SVIMethod:
     """NumPyro SVI: ``make_guide(model)``, ``optim``, ``loss`` (default ``Trace_ELBO()``).
 
-    ``fused`` is ``SVI.run(progress_bar=False)``'s loop, a ``lax.scan`` of
-    ``svi.update``, compiled ahead of time (``compile`` is timed); states at
-    given steps come from an untimed ``lax.scan`` over segments of the same
-    updates. ``posterior`` is the guide at the state's parameters.
+    ``fused`` is ``SVI.run(progress_bar=False)``'s loop, a ``lax.scan`` of ``svi.update``,
+    compiled ahead of time (``compile`` is timed); states at given steps come from an
+    untimed ``lax.scan`` over segments of the same updates. ``posterior`` is
+    ``posterior_fn(params)``, else ``{site: guide.get_posterior(params)}``. ``float32``: SVI
+    runs with float64 off (numpyro's default) in a process that scores in float64.
     """
 
     kind = "svi"
 
-    def __init__(
-        self,
-        label,
-        make_guide,
-        optim,
-        loss=None,
-        rng_key=0,
-        setting="",
-        site=None,
-        posterior_fn=None,
-    ):
-        self.label, self.make_guide, self.optim, self.rng_key = label, make_guide, optim, rng_key
-        self.loss, self.setting, self.site, self.posterior_fn = loss, setting, site, posterior_fn
-        self._compiled: dict = {}
+    def __init__(self, label, make_guide, optim, loss=None, rng_key=0, setting="", **options):
+        self.label, self.make_guide, self.optim, self.rng_key = (
+            label,
+            make_guide,
+            optim,
+            rng_key,
+        )
+        self.loss, self.setting, self._compiled = loss, setting, {}
+        self.site, self.posterior_fn = options.get("site"), options.get("posterior_fn")
+        self.float32 = options.get("float32", False)
+
+    def _precision(self):
+        return jax.enable_x64(False) if self.float32 else contextlib.nullcontext()
 
     def setup(self, model, data):
         from numpyro.infer import SVI, Trace_ELBO
 
-        self.guide = self.make_guide(model)
-        self.svi = SVI(model, self.guide, self.optim, self.loss or Trace_ELBO())
-        self.data = data
-        self.setting = self.setting or (
-            f"{type(self.guide).__name__}, {type(self.optim).__name__}, "
-            f"{type(self.svi.loss).__name__}"
-        )
-        state = self.svi.init(jax.random.PRNGKey(self.rng_key), **data)
-        self._update = jax.jit(lambda s: self.svi.update(s, **self.data))
-        self._loss = float("nan")
-        return jax.block_until_ready(state)
+        with self._precision():
+            self.guide = self.make_guide(model)
+            self.svi = SVI(model, self.guide, self.optim, self.loss or Trace_ELBO())
+            self.data = {k: _as_float32(v) for k, v in data.items()} if self.float32 else data
+            names = (self.guide, self.optim, self.svi.loss)
+            self.setting = self.setting or ", ".join(type(x).__name__ for x in names)
+            state = self.svi.init(jax.random.PRNGKey(self.rng_key), **self.data)
+            self._update, self._loss = (
+                jax.jit(lambda s: self.svi.update(s, **self.data)),
+                None,
+            )
+            return jax.block_until_ready(state)
 
     def step(self, state):
-        state, loss = self._update(state)
-        self._loss = float(loss)
+        with self._precision():
+            state, self._loss = self._update(state)
         return state
 
     def objective(self, state):
-        return -self._loss
+        return -float(self._loss)
 
     def compile(self, state, n) -> float:
         def loop(s):
             return jax.lax.scan(lambda c, _: self.svi.update(c, **self.data), s, None, length=n)
 
         t0 = time.perf_counter()
-        self._compiled[n] = jax.jit(loop).lower(state).compile()
+        with self._precision():
+            self._compiled[n] = jax.jit(loop).lower(state).compile()
         return time.perf_counter() - t0
 
     def fused(self, state, n):
-        final, losses = jax.block_until_ready(self._compiled[n](state))
+        with self._precision():
+            final, losses = jax.block_until_ready(self._compiled[n](state))
         return final, -np.asarray(losses)
 
     def states_at(self, state, points):
         """States after each of the sorted step counts ``points`` (untimed replay)."""
-        lengths = np.diff([0, *points]).astype(np.int32)
-        if "segments" not in self._compiled:
 
-            def seg(s, k):
-                s = jax.lax.fori_loop(0, k, lambda _, c: self.svi.update(c, **self.data)[0], s)
-                return s, s
+        def segment(s, k):
+            s = jax.lax.fori_loop(0, k, lambda _, c: self.svi.update(c, **self.data)[0], s)
+            return s, s
 
-            self._compiled["segments"] = jax.jit(lambda s, ls: jax.lax.scan(seg, s, ls))
-        _, stacked = self._compiled["segments"](state, jnp.asarray(lengths))
-        return [tree_index(stacked, i) for i in range(len(points))]
+        lengths = jnp.asarray(np.diff([0, *points]), jnp.int32)
+        with self._precision():
+            if "segments" not in self._compiled:
+                self._compiled["segments"] = jax.jit(lambda s, ls: jax.lax.scan(segment, s, ls))
+            _, stacked = self._compiled["segments"](state, lengths)
+        return [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(len(points))]
 
     def params(self, state):
         return self.svi.get_params(state)
 
     def posterior(self, state):
-        """q as numpyro Distributions ``{site: guide.get_posterior(params)}`` when the
-        method was given its one ``site``, else a ``sample_and_log_q`` of the guide."""
-        if self.posterior_fn is not None:
-            return self.posterior_fn(self.params(state))
-        if self.site is not None:
-            return {self.site: self.guide.get_posterior(self.params(state))}
-        return guide_q(self.guide, self.params(state), self.data)
+        with self._precision():
+            params = self.params(state)
+            if self.posterior_fn is not None:
+                return self.posterior_fn(params)
+            return {self.site: self.guide.get_posterior(params)}
+
+
+def _as_float32(v):
+    floating = hasattr(v, "dtype") and np.issubdtype(v.dtype, np.floating)
+    return jnp.asarray(np.asarray(v, np.float32)) if floating else v
 
 
 class BayesPyMethod:
-    """A BayesPy VB model: ``build(data, seed) -> (VB, snapshot)``; ``snapshot()`` returns
-    q as numpyro Distributions. BayesPy mutates its nodes, so the runner keeps
-    snapshots (untimed) instead of states."""
+    """A BayesPy VB model: ``build(data, seed) -> (VB, snapshot)``; ``snapshot()`` returns q as
+    numpyro Distributions. BayesPy mutates its nodes: the runner keeps snapshots (untimed)."""
 
     kind = "bayespy"
 
@@ -404,57 +361,66 @@ class Run:
 
     def state_at(self, t: int):
         """The state after ``t`` iterations: kept, or replayed from the nearest kept one."""
-        if t in self.kept:
-            return self.kept[t]
-        m = self.method
-        if not hasattr(m, "states_at"):
-            raise KeyError(f"{m.label}: iteration {t} was not kept")
-        base = max(k for k in self.kept if k <= t)
-        self.kept[t] = m.states_at(self.kept[base], [t - base])[0]
+        if t not in self.kept:
+            if not hasattr(self.method, "states_at"):
+                raise KeyError(f"{self.method.label}: iteration {t} was not kept")
+            base = max(k for k in self.kept if k <= t)
+            self.kept[t] = self.method.states_at(self.kept[base], [t - base])[0]
         return self.kept[t]
 
     def posterior_at(self, t: int):
         return self.method.posterior(self.state_at(t))
 
+    def record(self, **extra) -> dict:
+        """The timing fields every method record carries, and ``extra``."""
+        names = (
+            "per_iter_time",
+            "per_iter_time_host_sync",
+            "setup_time",
+            "compile_time",
+        )
+        rec = {k: getattr(self, k) for k in (*names, "num_steps", "objective", "checks")}
+        rec.update(loop_times_all_repeats=self.loop_times, setting=self.method.setting)
+        return rec | {"kind": self.method.kind, "_run": self} | extra
 
-def run(method, model, data, num_steps, *, keep=None, repeats=3, stepwise=None, label=None) -> Run:
+
+def timed(fn, repeats):
+    """``fn()`` run ``repeats`` times: (every time, the last result)."""
+    times, out = [], None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return times, out
+
+
+def run(method, model, data, num_steps, *, keep=None, repeats=3, stepwise=None) -> Run:
     """Run ``method`` for ``num_steps`` iterations, timed.
 
-    ``keep``: iterations whose states are kept (default: every one); ``stepwise``: time
-    one step at a time (each step includes fetching its objective to the host, as a
-    Python loop does) instead of the method's fused loop (default: stepwise only for
-    methods without one). ``repeats``: timed runs from the same start (identical
-    computations; the fastest is kept since the machine may be shared).
+    ``keep``: iterations whose states are kept (default: every one); ``stepwise``: time one
+    step at a time (each step includes fetching its objective to the host, as a Python loop
+    does) instead of the method's fused loop (default: stepwise only for methods without
+    one). ``repeats``: timed runs from the same start (identical computations; the fastest
+    is kept since the machine may be shared).
     """
-    t0 = time.perf_counter()
-    state0 = method.setup(model, data)
-    setup = time.perf_counter() - t0
+    (setup,), state0 = timed(lambda: method.setup(model, data), 1)
     keep = set(range(num_steps + 1)) if keep is None else set(keep) | {0, num_steps}
     fused = hasattr(method, "fused") and not stepwise
-    kept, checks = {}, {}
-    host = None
+    checks, host = {}, None
     if fused and method.kind == "svi":
         compile_time = method.compile(state0, num_steps)
-        times, obj = [], None
-        for _ in range(repeats):
-            t = time.perf_counter()
-            _, obj = method.fused(state0, num_steps)
-            times.append(time.perf_counter() - t)
-        pts = sorted(keep - {0})
-        kept = {0: state0, **dict(zip(pts, method.states_at(state0, pts)))}
+        times, (_, obj) = timed(lambda: method.fused(state0, num_steps), repeats)
+        points = sorted(keep - {0})
+        kept = {0: state0, **dict(zip(points, method.states_at(state0, points)))}
         per_iter = min(times) / num_steps
     else:
         # One step compiles the step (autocvi: CVI.update); BayesPy mutates its state,
         # so every repeat starts from a fresh setup and nothing is compiled.
         mutable = method.kind == "bayespy"
         keep_fn = getattr(method, "keep", lambda s: s)
-        kept[0] = keep_fn(state0)
-        first = 0.0
-        if not mutable:
-            t = time.perf_counter()
-            method.step(state0)
-            first = time.perf_counter() - t
-        step_times, obj = [], []
+        kept = {0: keep_fn(state0)}
+        first = 0.0 if mutable else timed(lambda: method.step(state0), 1)[0][0]
+        step_times, obj = [], None
         for rep in range(repeats):
             s = method.setup(model, data) if (mutable and rep) else state0
             ts, ob = [], []
@@ -466,36 +432,37 @@ def run(method, model, data, num_steps, *, keep=None, repeats=3, stepwise=None, 
                 if rep == 0 and i in keep:
                     kept[i] = keep_fn(s)
             step_times.append(ts)
-            if rep == 0:
-                obj = np.asarray(ob)
-            elif not np.allclose(ob, obj, equal_nan=True):
+            if obj is not None and not np.allclose(ob, obj, equal_nan=True):
                 raise RuntimeError(f"{method.label}: runs from the same state differ")
-        step_best = np.min(np.asarray(step_times), axis=0)
-        per_iter = host = float(np.median(step_best))
+            obj = np.asarray(ob)
+        per_iter = host = float(np.median(np.min(np.asarray(step_times), axis=0)))
         compile_time = max(first - host, 0.0) if first else 0.0
         times = [float(np.sum(ts)) for ts in step_times]
         if fused:  # autocvi: fit's compiled loop, after a warm-up call that compiles it
             n = 20 * int(np.ceil(num_steps / 20))  # whole chunks: no masked iterations
-            t = time.perf_counter()
-            method.fused(state0, 20)
-            warm = time.perf_counter() - t
-            times = []
-            for _ in range(repeats):
-                t = time.perf_counter()
-                _, fobj = method.fused(state0, n)
-                times.append(time.perf_counter() - t)
+            (warm,), _ = timed(lambda: method.fused(state0, 20), 1)
+            times, (_, fobj) = timed(lambda: method.fused(state0, n), repeats)
             per_iter = min(times) / len(fobj)
             compile_time += max(warm - 20 * per_iter, 0.0)
             checks["fused_objective_matches_steps"] = bool(
                 np.allclose(fobj[:num_steps], obj, rtol=1e-4, atol=1e-3, equal_nan=True)
             )
-    host = host if fused else None  # stepwise-only methods: the step time is the loop time
+        host = host if fused else None  # stepwise only: the step time is the loop time
     r = Run(
-        method, num_steps, np.asarray(obj), per_iter, setup, compile_time, times, kept, host, checks
+        method,
+        num_steps,
+        np.asarray(obj),
+        per_iter,
+        setup,
+        compile_time,
+        times,
+        kept,
+        host,
     )
+    r.checks = checks
     print(
-        f"  {method.label}: {num_steps} iterations, {per_iter * 1e3:.3g} ms/iter, "
-        f"setup {setup:.2f} s, compile {compile_time:.2f} s, final objective {r.objective[-1]:.4g}",
+        f"  {method.label}: {num_steps} iterations, {per_iter * 1e3:.3g} ms/iter, setup "
+        f"{setup:.2f} s, compile {compile_time:.2f} s, final objective {r.objective[-1]:.4g}",
         flush=True,
     )
     return r
@@ -507,7 +474,7 @@ def log_grid(n: int, num: int = 100, dense: int = 20) -> list[int]:
     return sorted(p for p in pts if 1 <= p <= n)
 
 
-# ----------------------------------------------------------------- compare
+# -------------------------------------------------------------- experiments
 def first_hit(iters, values, target, better=np.greater_equal):
     for it, v in zip(iters, values):
         if v is not None and np.isfinite(v) and better(v, target):
@@ -521,8 +488,7 @@ def refine_hit(evaluate, iters, values, target, better=np.greater_equal, points=
     hit = first_hit(iters, values, target, better)
     if hit is None:
         return None
-    k = list(iters).index(hit)
-    lo = iters[k - 1] if k > 0 else 0
+    lo = ([0, *iters])[list(iters).index(hit)]
     while hit - lo > 1:
         stride = max(1, int(np.ceil((hit - 1 - lo) / points)))
         found = None
@@ -539,66 +505,75 @@ def refine_hit(evaluate, iters, values, target, better=np.greater_equal, points=
 
 
 @dataclass
-class Scored:
-    """A run scored on a grid: ``values[key][i]`` at ``iters[i]``."""
+class Entry:
+    """One method of an experiment: ``steps`` iterations on ``model(**data)``, scored at
+    ``grid`` (default: every iteration); ``passes``: passes through the data per iteration."""
 
-    run: Run
-    iters: list
-    values: dict
-    extra: dict = field(default_factory=dict)
-
-    def final(self, key):
-        return self.values[key][-1]
-
-    def time_at(self, t):
-        return None if t is None else t * self.run.per_iter_time
-
-
-def score_run(r: Run, score: Callable, iters) -> Scored:
-    """``score(posterior) -> dict`` at each of ``iters``."""
-    rows = [score(r.posterior_at(t)) for t in iters]
-    return Scored(r, list(iters), {k: [row[k] for row in rows] for k in rows[0]})
+    method: Any
+    model: Any
+    data: dict
+    steps: int
+    grid: list | None = None
+    passes: float = 1.0
+    repeats: int = 3
+    stepwise: bool | None = None
 
 
-def compare(
-    runs: dict,
-    score: Callable,
-    grids: dict,
-    key="elbo",
-    thresholds=(1.0, 0.1),
-    higher=True,
-    relative=False,
-    refine=True,
-) -> dict:
-    """Score every run on its grid; the reference (best final value of any run); per run
-    and threshold the first iteration within it (refined between grid points for methods
-    that can replay) and its loop time. Returns label -> :class:`Scored` plus ``"_ref"``."""
-    better = np.greater_equal if higher else np.less_equal
-    out = {label: score_run(r, score, grids[label]) for label, r in runs.items()}
-    finals = [s.final(key) for s in out.values() if np.isfinite(s.final(key))]
-    ref = max(finals) if higher else min(finals)
-    for s in out.values():
-        s.extra["gap"] = (ref - s.final(key)) if higher else (s.final(key) - ref)
-        s.extra["hits"] = {}
-        cache = dict(zip(s.iters, s.values[key]))
+def experiment(entries, score, *, key="elbo", thresholds=(1.0, 0.1), higher=True, **options):
+    """Run and score every entry: ``score(posterior) -> dict`` at each grid point.
 
-        def evaluate(t, s=s, cache=cache):
+    The reference is the best final ``score[key]`` of any entry (and of ``options["also"]``);
+    per entry and threshold, the first iteration within it (``ref -/+ thr``, or ``ref * (1
+    -/+ thr)`` if ``relative``), refined between grid points by exact replay for the kinds in
+    ``refine`` (default SVI), its loop time and its time including setup and compilation.
+    Returns ``(label -> record, reference)``; a record holds :meth:`Run.record`, ``iters``,
+    ``passes``, one list per score key, ``final``, ``gap`` and ``hits``.
+    """
+    better, sign = (np.greater_equal, 1.0) if higher else (np.less_equal, -1.0)
+    refine, out = options.get("refine", ("svi",)), {}
+    for e in entries:
+        print(f"[{e.method.label}] {e.steps} iterations", flush=True)
+        # off-grid states are replayed (SVI) or, for methods refined without replay, kept
+        keep = None if e.method.kind in refine and not hasattr(e.method, "states_at") else e.grid
+        r = run(
+            e.method,
+            e.model,
+            e.data,
+            e.steps,
+            keep=keep,
+            repeats=e.repeats,
+            stepwise=e.stepwise,
+        )
+        iters = list(range(e.steps + 1)) if e.grid is None else sorted(set(e.grid) | {e.steps})
+        rows = [score(r.posterior_at(t)) for t in iters]
+        rec = r.record(iters=iters, passes=[t * e.passes for t in iters], final=rows[-1])
+        out[e.method.label] = rec | {k: [row[k] for row in rows] for k in rows[0]}
+    finals = [*(rec["final"][key] for rec in out.values()), *options.get("also", ())]
+    ref = (max if higher else min)(v for v in finals if np.isfinite(v))
+    for rec in out.values():
+        r, cache = rec["_run"], dict(zip(rec["iters"], rec[key]))
+
+        def evaluate(t, r=r, cache=cache):
             if t not in cache:
-                cache[t] = score(s.run.posterior_at(t))[key]
+                cache[t] = score(r.posterior_at(t))[key]
             return cache[t]
 
+        rec.update(gap=sign * (ref - rec["final"][key]), _evaluate=evaluate, hits={})
         for thr in thresholds:
-            sign = 1.0 if higher else -1.0
-            target = ref * (1 - sign * thr) if relative else ref - sign * thr
-            it = (
-                refine_hit(evaluate, s.iters, s.values[key], target, better)
-                if refine
-                else first_hit(s.iters, s.values[key], target, better)
-            )
-            s.extra["hits"][thr] = {"iterations": it, "loop_time": s.time_at(it)}
-        s.extra["evaluate"] = evaluate
-    out["_ref"] = ref
-    return out
+            target = ref * (1 - sign * thr) if options.get("relative") else ref - sign * thr
+            if r.method.kind in refine:
+                it = refine_hit(evaluate, rec["iters"], rec[key], target, better)
+            else:
+                it = first_hit(rec["iters"], rec[key], target, better)
+            loop = None if it is None else it * r.per_iter_time
+            total = None if it is None else loop + r.setup_time + r.compile_time
+            hit = {
+                "iterations": it,
+                "loop_time": loop,
+                "time_including_setup_and_compile": total,
+            }
+            rec["hits"][str(thr)] = hit
+    return out, ref
 
 
 # -------------------------------------------------------------------- report
@@ -608,18 +583,16 @@ def fmt(x, spec=".3g", none="—"):
     return format(x, spec)
 
 
-def ratio(peer, ours, spec=".1f"):
-    if peer is None and ours is None:
-        return "neither reaches"
-    if ours is None:
-        return "autocvi does not reach"
-    if peer is None:
-        return "peer does not reach"
-    return "inf" if ours == 0 else format(peer / ours, spec) + "x"
+def ratio(peer, ours):
+    """``peer / ours`` (None when either is missing)."""
+    return None if peer is None or not ours else peer / ours
 
 
 def md_table(header, rows) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+    ]
     return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
 
 
@@ -628,35 +601,113 @@ def table(columns, records) -> str:
     ``records`` is a dict label -> record (the label is passed to functions too)."""
     rows = []
     for label, rec in records.items():
-        row = []
-        for _, get, spec in columns:
-            v = get(label, rec) if callable(get) else rec.get(get)
-            row.append(v if spec is None else fmt(v, spec))
-        rows.append(row)
+        cells = [get(label, rec) if callable(get) else rec.get(get) for _, get, _ in columns]
+        rows.append([v if c[2] is None else fmt(v, c[2]) for v, c in zip(cells, columns)])
     return md_table([c[0] for c in columns], rows)
 
 
-def plot(plt, panels, title, ncols=None):
+def at(*path):
+    """A column getter reading ``record[path[0]][path[1]]...`` (None if absent)."""
+
+    def get(label, rec):
+        for k in path:
+            rec = rec.get(k) if isinstance(rec, dict) else None
+        return rec
+
+    return get
+
+
+def hit_columns(thresholds, unit="nat"):
+    """Iterations and loop seconds to each threshold, from ``record["hits"]``."""
+    cols = []
+    for thr in thresholds:
+        label = f"{float(thr):g} nat" if unit == "nat" else f"{100 * float(thr):g}%"
+        cols.append((f"iters to {label}", at("hits", str(thr), "iterations"), "d"))
+        cols.append((f"loop s to {label}", at("hits", str(thr), "loop_time"), ".3g"))
+    return cols
+
+
+def ms_cell(label, m):
+    host = m.get("per_iter_time_host_sync")
+    return fmt(m["per_iter_time"] * 1e3) + (f" ({host * 1e3:.3g})" if host else "")
+
+
+METHOD_COLUMNS = [
+    ("method", lambda label, m: label, None),
+    ("setting", "setting", None),
+]
+TIMING_COLUMNS = [
+    ("ms / iter", ms_cell, None),
+    ("compile s", "compile_time", ".2f"),
+    ("setup s", "setup_time", ".2f"),
+]
+
+
+def metric_lines(methods, key, x="iters", time=False):
+    """Plot lines: ``record[key]`` of every method against ``record[x]`` (or loop time)."""
+    lines = []
+    for label, m in methods.items():
+        xs = np.asarray(m[x], float) * (m["per_iter_time"] if time else 1.0)
+        style = "-" if m["kind"] == "svi" else "-o"
+        lines.append(
+            (
+                np.maximum(xs, 1e-5 if time else 0.05),
+                np.asarray(m[key], float),
+                label,
+                style,
+            )
+        )
+    return lines
+
+
+def gap_panels(methods, ref, key, ylabel, x="iters", xlabel="iteration"):
+    """The two convergence panels: ``ref - record[key]`` against ``x`` and against loop time."""
+    gaps = {
+        k: m | {"_gap": np.maximum(ref - np.asarray(m[key], float), 1e-3)}
+        for k, m in methods.items()
+    }
+    common = {"log": "xy", "hlines": [(1.0, "--"), (0.1, ":")], "ylabel": ylabel}
+    timed_x = {"xlabel": "wall-clock s (loop, compile excluded)", "legend": 0}
+    return [
+        {**common, "lines": metric_lines(gaps, "_gap", x), "xlabel": xlabel},
+        {**common, "lines": metric_lines(gaps, "_gap", time=True), **timed_x},
+    ]
+
+
+def objective_lines(methods, smooth=100):
+    """Each method's own per-iteration objective (SVI: a ``smooth``-step running mean)."""
+    lines = []
+    for label, m in methods.items():
+        obj = np.asarray(m["objective"], float)
+        if m["kind"] == "svi":
+            obj = np.convolve(obj, np.ones(smooth) / smooth, mode="valid")
+            its, label = (
+                np.arange(smooth, smooth + len(obj)),
+                f"{label} (-loss, {smooth}-step mean)",
+            )
+        else:
+            its, label = np.arange(1, len(obj) + 1), f"{label} (own objective)"
+        lines.append((its, obj, label, "-" if m["kind"] == "svi" else "-o"))
+    return lines
+
+
+def plot(plt, panels, title):
     """Panels declared as dicts: ``lines`` [(x, y, label, style)], ``xlabel``, ``ylabel``,
-    ``log`` ("x", "y", "xy"), ``hlines``, ``ylim``, ``title``, ``legend`` fontsize."""
-    n = len(panels)
-    fig, axes = plt.subplots(1, n, figsize=(5.7 * n, 4.8), squeeze=False)
+    ``log`` ("x", "y", "xy"), ``hlines``, ``ylim``, ``title``, ``scatter``, ``legend`` size."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.7 * len(panels), 4.8), squeeze=False)
     for ax, p in zip(axes[0], panels):
         for x, y, label, style in p["lines"]:
             if p.get("scatter"):
                 ax.scatter(x, y, label=label, s=18)
             else:
                 ax.plot(x, y, style or "-", ms=3, label=label)
-        if "x" in p.get("log", ""):
-            ax.set_xscale("log")
-        if "y" in p.get("log", ""):
-            ax.set_yscale("log")
+        ax.set_xscale("log" if "x" in p.get("log", "") else "linear")
+        ax.set_yscale("log" if "y" in p.get("log", "") else "linear")
         for h, ls in p.get("hlines", ()):
             ax.axhline(h, color="k", lw=0.6, ls=ls)
         if p.get("ylim"):
             ax.set_ylim(*p["ylim"])
-        ax.set_xlabel(p.get("xlabel", ""))
-        ax.set_ylabel(p.get("ylabel", ""))
+        ax.set(xlabel=p.get("xlabel", ""), ylabel=p.get("ylabel", ""))
         ax.set_title(p.get("title", ""), fontsize=9)
         if p.get("legend", 7):
             ax.legend(fontsize=p.get("legend", 7))
@@ -673,22 +724,17 @@ def to_jsonable(obj):
         return to_jsonable(np.asarray(obj).tolist())
     if isinstance(obj, (np.floating, float)):
         return float(obj) if np.isfinite(obj) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    if callable(obj) or hasattr(obj, "__dict__"):
-        return None
-    return obj
+    if isinstance(obj, (np.integer, np.bool_)):
+        return obj.item()
+    return None if callable(obj) or hasattr(obj, "__dict__") else obj
 
 
-def write(name, payload, markdown, panels=None, title="", directory=RESULTS) -> list:
-    """``<directory>/<name>.json``, ``.md`` and (if matplotlib imports and panels are
-    declared) ``.png``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"{name}.json").write_text(json.dumps(to_jsonable(payload), indent=1) + "\n")
-    (directory / f"{name}.md").write_text(markdown.rstrip() + "\n")
-    paths = [directory / f"{name}.json", directory / f"{name}.md"]
+def write(name, payload, markdown, panels=None, title="") -> None:
+    """``RESULTS/<name>.json``, ``.md`` and (if matplotlib imports and panels are declared: a
+    list of panel dicts, or a function of ``plt``) ``.png``."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(to_jsonable(payload), indent=1) + "\n")
+    (RESULTS / f"{name}.md").write_text(markdown.rstrip() + "\n")
     if panels:
         try:
             import matplotlib
@@ -696,128 +742,44 @@ def write(name, payload, markdown, panels=None, title="", directory=RESULTS) -> 
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError:
-            return paths
+            return
         fig = plot(plt, panels, title) if isinstance(panels, list) else panels(plt)
-        fig.savefig(directory / f"{name}.png", dpi=120, bbox_inches="tight")
+        fig.savefig(RESULTS / f"{name}.png", dpi=120, bbox_inches="tight")
         plt.close(fig)
-        paths.append(directory / f"{name}.png")
-    return paths
 
 
-def timing(r: Run, rec: dict) -> dict:
-    """The timing fields every method record carries."""
-    rec.update(
-        per_iter_time=r.per_iter_time,
-        per_iter_time_host_sync=r.per_iter_time_host_sync,
-        setup_time=r.setup_time,
-        compile_time=r.compile_time,
-        loop_times_all_repeats=r.loop_times,
-        num_steps=r.num_steps,
-        objective=r.objective,
-        setting=r.method.setting,
-        kind=r.method.kind,
-        checks=r.checks,
-    )
-    return rec
-
-
-def ms_cell(label, m):
-    s = fmt(m["per_iter_time"] * 1e3, ".3g")
-    return s + (
-        f" ({m['per_iter_time_host_sync'] * 1e3:.3g})" if m.get("per_iter_time_host_sync") else ""
-    )
-
-
-TIMING_COLUMNS = [
-    ("ms / iter", ms_cell, None),
-    ("compile s", "compile_time", ".2f"),
-    ("setup s", "setup_time", ".2f"),
-]
-
-
+# ------------------------------------------------------- autocvi.fit, as a user
 def timed_fit(model, data, **kwargs) -> dict:
     """One ``autocvi.fit`` call with its defaults, as a user makes it."""
-    import autocvi
-
-    t = time.perf_counter()
-    res = autocvi.fit(model, data, progress_bar=False, **kwargs)
+    (total,), res = timed(lambda: autocvi.fit(model, data, progress_bar=False, **kwargs), 1)
     return {
-        "result": res,
+        "_result": res,
         "num_steps": int(res.num_steps),
         "converged": bool(res.converged),
         "wall_time_including_compile": float(res.wall_time),
-        "total_call_time": time.perf_counter() - t,
+        "total_call_time": total,
         "final_elbo_engine": float(res.elbo[-1]),
         "elbo_final": float(res.elbo_final),
         "elbo_trace_engine": np.asarray(res.elbo),
     }
 
 
-class PlannedAutocviMethod(AutocviMethod):
-    """autocvi with planner options ``CVI``/``fit`` do not take (``use_quadrature=False``).
-
-    ``autocvi.plan(model, data, **options)`` and ``autocvi.cvi(schedule)`` are public;
-    turning a state into q and ``fit``'s convergence loop are not (the one place the
-    benchmarks still reach into autocvi: see benchmarks/README.md, "Gaps").
-    """
-
-    def setup(self, model, data):
-        import autocvi
-        from autocvi.infer.fit import _chunk_runner, posterior_of  # GAP: no public route
-
-        self.data = data
-        self.schedule = sched = autocvi.plan(model, data, **self.options)
-        self.algorithm = autocvi.cvi(sched)
-        self._posterior_of = posterior_of
-        self._step = jax.jit(self.algorithm.step)
-        self._scan: dict = {}
-        exact = sched.deterministic
-        self._runner = _chunk_runner(self.algorithm.step, 1e-6 if exact else 1e-4, exact)
-        kinds = sorted({k for node in sched.nodes.values() for _, k in node.incoming})
-        self.setting = f"messages: {', '.join(kinds)}; beta={sched.step_size:g}; {self.options}"
-        return jax.block_until_ready(jax.jit(self.algorithm.init)(jax.random.PRNGKey(self.rng_key)))
-
-    def step(self, state):
-        state, info = self._step(state)
-        self._elbo = float(info.elbo)
-        return state
-
-    def fused(self, state, n):
-        if n not in self._scan:
-            loop = lambda s: jax.lax.scan(lambda c, _: self.algorithm.step(c), s, None, length=n)  # noqa: E731
-            self._scan[n] = jax.jit(loop)
-        final, info = jax.block_until_ready(self._scan[n](state))
-        return final, np.asarray(info.elbo)
-
-    def converge(self, state, max_steps):
-        from autocvi.infer.fit import run_loop  # GAP: fit's loop for a planned schedule
-
-        sched = self.schedule
-        tol = 1e-6 if sched.deterministic else 1e-4
-        state, elbos, conv, _ = run_loop(
-            None, state, max_steps, tol, sched.deterministic, runner=self._runner
-        )
-        return state, elbos, conv
-
-    def posterior(self, state):
-        return self._posterior_of(self.schedule, state)
+def fit_line(f, score) -> str:
+    return (
+        f"`autocvi.fit` with its defaults (as a user calls it): {f['num_steps']} iterations, "
+        f"converged={f['converged']}, {score} (engine's own value {f['final_elbo_engine']:.4f}), "
+        f"{f['wall_time_including_compile']:.2f} s in the loop including compilation, "
+        f"{f['total_call_time']:.2f} s for the whole call."
+    )
 
 
 def fit_timed(method, model, data, max_steps, repeats=2) -> dict:
-    """``method`` run by ``autocvi.fit``'s loop with its stopping rule: setup, then a first
-    call (compiles the loop), then ``repeats`` timed calls from the same start."""
-    t = time.perf_counter()
-    state0 = method.setup(model, data)
-    setup = time.perf_counter() - t
-    t = time.perf_counter()
-    out = method.converge(state0, max_steps)
-    first = time.perf_counter() - t
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        method.converge(state0, max_steps)
-        times.append(time.perf_counter() - t)
-    state, elbos, conv = out
+    """``method`` run by ``autocvi.fit``'s loop with its stopping rule (``method.converge``):
+    setup, then a first call (compiles the loop), then ``repeats`` timed calls from the
+    same start."""
+    (setup,), state0 = timed(lambda: method.setup(model, data), 1)
+    (first,), (state, elbos, conv) = timed(lambda: method.converge(state0, max_steps), 1)
+    times, _ = timed(lambda: method.converge(state0, max_steps), repeats)
     return {
         "posterior": method.posterior(state),
         "elbo_engine": np.asarray(elbos),

@@ -20,6 +20,8 @@ from numpyro import handlers
 from numpyro.infer.autoguide import AutoNormal
 from numpyro.optim import Adam
 
+import autocvi
+
 from . import driver as D
 
 NAME = "gaussian_mixture"
@@ -42,28 +44,26 @@ SETTINGS = {
     "estimator_rng_key": 12345,
     "thresholds_nats": [1.0, 0.1],
 }
+QUICK = {"autocvi_num_steps": 60, "autocvi_seeds": [0, 1], "bayespy_num_steps": 60}
+QUICK.update(
+    bayespy_seeds=[0, 1], svi_num_steps=2000, svi_grid_points=30, estimator_num_samples=4096
+)
 
 
-def gmm(X, K=3):
+def gmm(X, K=3, marginal=False):
+    """The mixture; ``marginal``: z summed out (MixtureSameFamily), for the collapsed ELBO."""
     N, D_ = X.shape
     pi = numpyro.sample("pi", dist.Dirichlet(jnp.ones(K)))
     with numpyro.plate("components", K):
         mu = numpyro.sample("mu", dist.Normal(0.0, 1.0).expand([D_]).to_event(1))
         tau = numpyro.sample("tau", dist.Gamma(2.0, 1.0).expand([D_]).to_event(1))
     with numpyro.plate("data", N):
-        z = numpyro.sample("z", dist.Categorical(pi))
-        numpyro.sample("x", dist.Normal(mu[z], 1.0 / jnp.sqrt(tau[z])).to_event(1), obs=X)
-
-
-def gmm_marginal(X, K=3):
-    N, D_ = X.shape
-    pi = numpyro.sample("pi", dist.Dirichlet(jnp.ones(K)))
-    with numpyro.plate("components", K):
-        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0).expand([D_]).to_event(1))
-        tau = numpyro.sample("tau", dist.Gamma(2.0, 1.0).expand([D_]).to_event(1))
-    with numpyro.plate("data", N):
-        comp = dist.Normal(mu, 1.0 / jnp.sqrt(tau)).to_event(1)
-        numpyro.sample("x", dist.MixtureSameFamily(dist.Categorical(pi), comp), obs=X)
+        if marginal:
+            comp = dist.Normal(mu, 1.0 / jnp.sqrt(tau)).to_event(1)
+            numpyro.sample("x", dist.MixtureSameFamily(dist.Categorical(pi), comp), obs=X)
+        else:
+            z = numpyro.sample("z", dist.Categorical(pi))
+            numpyro.sample("x", dist.Normal(mu[z], 1.0 / jnp.sqrt(tau[z])).to_event(1), obs=X)
 
 
 def load_data(K=3):
@@ -73,48 +73,39 @@ def load_data(K=3):
     return {"X": jnp.asarray(StandardScaler().fit_transform(load_iris().data), jnp.float32), "K": K}
 
 
-class MixtureEstimator:
+class MixtureEstimator(D.ELBOEstimator):
     """Collapsed and mean-field ELBOs of q(pi, mu, tau) from one set of draws (shared key)."""
 
-    def __init__(self, data, num_samples, rng_key, chunk=4096):
+    def __init__(self, data, num_samples, rng_key):
         X, K = data["X"], data["K"]
-        self.num_samples, self.chunk, self.key = num_samples, chunk, jax.random.PRNGKey(rng_key)
+        super().__init__(gmm, {**data, "marginal": True}, num_samples, rng_key)
 
-        def per_draw(z):
-            lc = numpyro.infer.util.log_density(gmm_marginal, (), {"X": X, "K": K}, z)[0]
-            prior = (
-                dist.Dirichlet(jnp.ones(K)).log_prob(z["pi"])
-                + dist.Normal(0.0, 1.0).log_prob(z["mu"]).sum()
-            )
-            prior = prior + dist.Gamma(2.0, 1.0).log_prob(z["tau"]).sum()
+        def per_draw(z):  # log p(pi, mu, tau) and E-step terms log pi_k + log N(x_n | mu_k, tau_k)
+            prior = dist.Dirichlet(jnp.ones(K)).log_prob(z["pi"])
+            prior += jnp.sum(dist.Normal(0.0, 1.0).log_prob(z["mu"]))
+            prior += jnp.sum(dist.Gamma(2.0, 1.0).log_prob(z["tau"]))
             comp = dist.Normal(z["mu"], 1.0 / jnp.sqrt(z["tau"])).log_prob(X[:, None, :]).sum(-1)
-            return lc, prior, jnp.log(z["pi"]) + comp
+            return prior, jnp.log(z["pi"]) + comp
 
         self._per_draw = jax.jit(jax.vmap(per_draw))
 
     def __call__(self, q) -> dict:
         if isinstance(q, dict):
-            q = D.independent_q({k: v for k, v in q.items() if k != "z"})
+            q = {k: v for k, v in q.items() if k != "z"}
         coll, pq, lsum = [], [], 0.0
-        for start in range(0, self.num_samples, self.chunk):
-            z, log_q = q(
-                jax.random.fold_in(self.key, start), min(self.chunk, self.num_samples - start)
-            )
-            lc, prior, lnk = self._per_draw({k: z[k] for k in ("pi", "mu", "tau")})
-            lq = np.asarray(log_q, np.float64)
-            coll.append(np.asarray(lc, np.float64) - lq)
+        for z, log_q in self.draws(q):
+            z, lq = {k: z[k] for k in ("pi", "mu", "tau")}, np.asarray(log_q, np.float64)
+            prior, lnk = self._per_draw(z)
+            coll.append(np.asarray(self._logp(z), np.float64) - lq)
             pq.append(np.asarray(prior, np.float64) - lq)
             lsum = lsum + np.asarray(lnk, np.float64).sum(0)
         c, pq = np.concatenate(coll), np.concatenate(pq)
-        lbar = lsum / self.num_samples  # E_q[log pi_k + log N(x_n | mu_k, tau_k)], (N, K)
-        lse = np.sum(np.logaddexp.reduce(lbar, axis=1))
         if not (np.all(np.isfinite(c)) and np.all(np.isfinite(pq))):
             return dict.fromkeys(("collapsed", "collapsed_se", "meanfield"), float("nan"))
-        return {
-            "collapsed": c.mean(),
-            "collapsed_se": c.std(ddof=1) / np.sqrt(c.size),
-            "meanfield": lse + pq.mean(),
-        }
+        # the optimal q(z): sum_n log sum_k exp E_q[log pi_k + log N(x_n | mu_k, tau_k)]
+        lse = np.sum(np.logaddexp.reduce(lsum / self.num_samples, axis=1))
+        se = c.std(ddof=1) / np.sqrt(c.size)
+        return {"collapsed": c.mean(), "collapsed_se": se, "meanfield": lse + pq.mean()}
 
 
 def build_bayespy(data, seed):
@@ -145,115 +136,69 @@ def build_bayespy(data, seed):
     return VB(Y, alpha, mu, tau, z), snapshot
 
 
+def autonormal_q(p):
+    """q of AutoNormal(block(gmm, hide=["z"])): Normal in each site's unconstrained space."""
+    pi = dist.Normal(p["pi_auto_loc"], p["pi_auto_scale"]).to_event(1)
+    return {
+        "pi": dist.TransformedDistribution(pi, dist.transforms.StickBreakingTransform()),
+        "mu": dist.Normal(p["mu_auto_loc"], p["mu_auto_scale"]),
+        "tau": dist.LogNormal(p["tau_auto_loc"], p["tau_auto_scale"]),
+    }
+
+
 def converged_at(trace, rtol=1e-6):
-    return next(
-        (
-            i + 1
-            for i in range(1, len(trace))
-            if abs(trace[i] - trace[i - 1]) <= rtol * max(1.0, abs(trace[i]))
-        ),
-        None,
+    done = (
+        t + 1
+        for t in range(1, len(trace))
+        if abs(trace[t] - trace[t - 1]) <= rtol * max(1.0, abs(trace[t]))
     )
+    return next(done, None)
 
 
 def run(quick=False):
     from numpyro.contrib.funsor import config_enumerate
     from numpyro.infer import TraceEnum_ELBO
 
-    st = dict(SETTINGS)
-    if quick:
-        st.update(
-            autocvi_num_steps=60, autocvi_seeds=[0, 1], bayespy_num_steps=60, bayespy_seeds=[0, 1]
-        )
-        st.update(svi_num_steps=2000, svi_grid_points=30, estimator_num_samples=4096)
+    st = {**SETTINGS, **(QUICK if quick else {})}
     data = load_data(st["K"])
     est = MixtureEstimator(data, st["estimator_num_samples"], st["estimator_rng_key"])
-    runs, grids = {}, {}
     # Does rng_key change autocvi's initialisation? If not, other seeds are the same run.
-    import autocvi
-
     cvi = autocvi.CVI(gmm)
-    s0, s1 = (cvi.init(k, **data).state.natural for k in (0, 1))
-    init_diff = max(
-        float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(s0), jax.tree.leaves(s1))
-    )
+    s0, s1 = (jax.tree.leaves(cvi.init(k, **data).state.natural) for k in (0, 1))
+    init_diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(s0, s1))
     seeds = st["autocvi_seeds"] if init_diff > 1e-4 else st["autocvi_seeds"][:1]
-    n = st["autocvi_num_steps"]
-    for seed in seeds:
-        m = D.AutocviMethod(f"autocvi-seed{seed}", rng_key=seed)
-        grids[m.label] = sorted(set(range(31)) | set(D.log_grid(n, 40)))
-        print(f"[{NAME}] {m.label}: {n} iterations")
-        runs[m.label] = D.run(m, gmm, data, n, keep=grids[m.label])
-    fit = D.timed_fit(gmm, data, rng_key=st["autocvi_seeds"][0])
-    fit.update(est(fit.pop("result").posterior))
+    n, nb, ns = st["autocvi_num_steps"], st["bayespy_num_steps"], st["svi_num_steps"]
+    grid, entries = sorted(set(range(31)) | set(D.log_grid(n, 40))), []
+    for s in seeds:
+        entries.append(D.Entry(D.AutocviMethod(f"autocvi-seed{s}", rng_key=s), gmm, data, n, grid))
     bp_error = D.bayespy_missing()
-    if bp_error is None:
-        nb = st["bayespy_num_steps"]
-        for seed in st["bayespy_seeds"]:
-            m = D.BayesPyMethod(f"bayespy-seed{seed}", build_bayespy, seed, "BayesPy VB")
-            grids[m.label] = sorted(set(range(1, 31)) | set(D.log_grid(nb, 40)))
-            print(f"[{NAME}] {m.label}: {nb} iterations")
-            try:
-                runs[m.label] = D.run(m, None, data, nb, keep=grids[m.label])
-            except Exception as e:  # noqa: BLE001
-                bp_error = f"{type(e).__name__}: {e}"
-                break
-    enum_model = config_enumerate(gmm)
-    ns = st["svi_num_steps"]
+    grid = sorted(set(range(1, 31)) | set(D.log_grid(nb, 40)))
+    for s in [] if bp_error else st["bayespy_seeds"]:
+        m = D.BayesPyMethod(f"bayespy-seed{s}", build_bayespy, s, "BayesPy VB")
+        entries.append(D.Entry(m, None, data, nb, grid))
+    guide = lambda mod: AutoNormal(handlers.block(mod, hide=["z"]))  # noqa: E731
+    loss, grid = TraceEnum_ELBO(max_plate_nesting=1), D.log_grid(ns, st["svi_grid_points"])
     for lr in st["svi_learning_rates"]:
-        label = f"svi-adam-{lr:g}"
-        print(f"[{NAME}] {label}: {ns} steps")
-        m = D.SVIMethod(
-            label,
-            lambda mod: AutoNormal(handlers.block(mod, hide=["z"])),
-            Adam(lr),
-            TraceEnum_ELBO(max_plate_nesting=1),
-        )
-        grids[label] = D.log_grid(ns, st["svi_grid_points"])
-        runs[label] = D.run(m, enum_model, data, ns, keep=grids[label])
-    methods = {}
-    for label, r in runs.items():
-        s = D.score_run(r, est, grids[label])
-        rec = D.timing(
-            r,
-            {
-                "iters": s.iters,
-                "collapsed": s.values["collapsed"],
-                "meanfield": s.values["meanfield"],
-            },
-        )
-        rec.update(
-            collapsed_se=s.values["collapsed_se"][-1],
-            final_collapsed=s.final("collapsed"),
-            final_meanfield=s.final("meanfield"),
-        )
-        if r.method.kind != "svi":
-            rec["converged_at"] = converged_at(r.objective)
-            rec["converged_time"] = s.time_at(rec["converged_at"])
-        methods[label] = rec
-    ref_c = max(m["final_collapsed"] for m in methods.values() if np.isfinite(m["final_collapsed"]))
-    ref_m = max(m["final_meanfield"] for m in methods.values() if np.isfinite(m["final_meanfield"]))
+        setting = f"AutoNormal, Adam lr={lr:g}, TraceEnum_ELBO"
+        m = D.SVIMethod(f"svi-adam-{lr:g}", guide, Adam(lr), loss, setting=setting)
+        m.posterior_fn = autonormal_q
+        entries.append(D.Entry(m, config_enumerate(gmm), data, ns, grid))
+    thresholds = st["thresholds_nats"]
+    methods, ref = D.experiment(entries, est, key="collapsed", thresholds=thresholds, refine=())
+    fit = D.timed_fit(gmm, data, rng_key=st["autocvi_seeds"][0])
+    fit.update(est(fit["_result"].posterior))
     for m in methods.values():
-        for key, target in (("own", m["final_collapsed"]), ("ref", ref_c)):
-            m[f"hits_{key}"] = {
-                str(t): D.first_hit(m["iters"], m["collapsed"], target - t)
-                for t in st["thresholds_nats"]
-            }
-            m[f"hits_{key}_time"] = {
-                t: None if i is None else i * m["per_iter_time"]
-                for t, i in m[f"hits_{key}"].items()
-            }
-    payload = {
-        "benchmark": NAME,
-        "settings": st,
-        "environment": D.environment(),
-        "bayespy_error": bp_error,
-    }
-    payload.update(
-        autocvi_init_max_abs_difference_key0_vs_key1=init_diff, reference_collapsed_elbo=ref_c
-    )
-    payload.update(reference_meanfield_elbo=ref_m, autocvi_fit_defaults=fit, methods=methods)
-    payload["autocvi_schedule"] = str(runs[next(iter(runs))].method.schedule)
+        own = {str(t): m["final"]["collapsed"] - t for t in thresholds}
+        m["hits_own"] = {t: D.first_hit(m["iters"], m["collapsed"], v) for t, v in own.items()}
+        if m["kind"] != "svi":
+            m["converged_at"] = it = converged_at(m["objective"])
+            m["converged_time"] = None if it is None else it * m["per_iter_time"]
+    best_meanfield = float(np.nanmax([m["final"]["meanfield"] for m in methods.values()]))
+    payload = {"benchmark": NAME, "settings": st, "environment": D.environment()}
+    payload.update(bayespy_error=bp_error, autocvi_init_max_abs_difference_key0_vs_key1=init_diff)
+    payload.update(reference_collapsed_elbo=ref, reference_meanfield_elbo=best_meanfield)
+    payload.update(autocvi_fit_defaults=fit, methods=methods)
+    payload["autocvi_schedule"] = str(entries[0].method.schedule)
     md = markdown(payload)
     D.write(NAME, payload, md, panels(payload), "Gaussian mixture, iris (N=150, D=4, K=3)")
     print(md)
@@ -264,16 +209,16 @@ COLUMNS = [
     ("run", lambda k, m: k, None),
     ("converged at (rel. change < 1e-6)", "converged_at", "d"),
     ("loop s to converge", "converged_time", ".3g"),
-    ("iters to own final −1 nat", lambda k, m: m["hits_own"]["1.0"], "d"),
-    ("iters to own final −0.1 nat", lambda k, m: m["hits_own"]["0.1"], "d"),
-    ("iters to ELBO*c −1 nat", lambda k, m: m["hits_ref"]["1.0"], "d"),
-    ("loop s", lambda k, m: m["hits_ref_time"]["1.0"], ".3g"),
-    ("iters to ELBO*c −0.1 nat", lambda k, m: m["hits_ref"]["0.1"], "d"),
-    ("loop s", lambda k, m: m["hits_ref_time"]["0.1"], ".3g"),
-    ("final mean-field ELBO", "final_meanfield", ".3f"),
+    ("iters to own final −1 nat", D.at("hits_own", "1.0"), "d"),
+    ("iters to own final −0.1 nat", D.at("hits_own", "0.1"), "d"),
+    ("iters to ELBO*c −1 nat", D.at("hits", "1.0", "iterations"), "d"),
+    ("loop s", D.at("hits", "1.0", "loop_time"), ".3g"),
+    ("iters to ELBO*c −0.1 nat", D.at("hits", "0.1", "iterations"), "d"),
+    ("loop s", D.at("hits", "0.1", "loop_time"), ".3g"),
+    ("final mean-field ELBO", D.at("final", "meanfield"), ".3f"),
     (
         "final collapsed ELBO (± se)",
-        lambda k, m: f"{m['final_collapsed']:.3f} ± {m['collapsed_se']:.3f}",
+        lambda k, m: "{collapsed:.3f} ± {collapsed_se:.3f}".format(**m["final"]),
         None,
     ),
     ("final native objective", lambda k, m: float(m["objective"][-1]), ".3f"),
@@ -281,53 +226,54 @@ COLUMNS = [
 ]
 
 
-def markdown(p):
-    st, runs, f = p["settings"], p["methods"], D.fmt
+def headline(p):
+    runs, f, fi = p["methods"], D.fmt, p["autocvi_fit_defaults"]
 
-    def best(kind, key="final_meanfield"):
-        c = {k: m for k, m in runs.items() if m["kind"] == kind and np.isfinite(m[key])}
-        return max(c, key=lambda k: c[k][key]) if c else None
+    def best(kind, key="meanfield"):
+        c = {k: m for k, m in runs.items() if m["kind"] == kind and np.isfinite(m["final"][key])}
+        return max(c, key=lambda k: c[k]["final"][key]) if c else None
 
-    lines, a, b, s = [], best("autocvi"), best("bayespy"), best("svi", "final_collapsed")
-    ma = runs[a]
-    lines.append(
-        f"- autocvi best run ({a}): mean-field ELBO {ma['final_meanfield']:.3f} (engine {float(ma['objective'][-1]):.3f}), "
+    a, b, s = best("autocvi"), best("bayespy"), best("svi", "collapsed")
+    ma, ms = runs[a], runs[s]
+    out = [
+        f"autocvi best run ({a}): mean-field ELBO {ma['final']['meanfield']:.3f} (engine {float(ma['objective'][-1]):.3f}), "
         f"converged in {ma['converged_at']} iterations, {f(ma['converged_time'], '.3g')} s loop "
         f"({ma['per_iter_time'] * 1e3:.3g} ms/iteration), compile {ma['compile_time']:.1f} s."
-    )
+    ]
     if b:
         mb = runs[b]
-        lines.append(
-            f"- BayesPy best run ({b}): mean-field ELBO {mb['final_meanfield']:.3f} (BayesPy's own {float(mb['objective'][-1]):.3f}), "
+        out.append(
+            f"BayesPy best run ({b}): mean-field ELBO {mb['final']['meanfield']:.3f} (BayesPy's own {float(mb['objective'][-1]):.3f}), "
             f"converged in {mb['converged_at']} iterations, {f(mb['converged_time'], '.3g')} s ({mb['per_iter_time'] * 1e3:.3g} ms/iteration)."
         )
-        lines.append(
-            f"- Per-iteration time ratio BayesPy / autocvi: {mb['per_iter_time'] / ma['per_iter_time']:.2f}x; mean-field ELBO "
-            f"difference autocvi − BayesPy: {ma['final_meanfield'] - mb['final_meanfield']:+.4f} nats."
+        out.append(
+            f"Per-iteration time ratio BayesPy / autocvi: {mb['per_iter_time'] / ma['per_iter_time']:.2f}x; mean-field ELBO "
+            f"difference autocvi − BayesPy: {ma['final']['meanfield'] - mb['final']['meanfield']:+.4f} nats."
         )
     else:
-        lines.append(f"- BayesPy: not run ({p['bayespy_error']}).")
-    ms = runs[s]
-    lines.append(
-        f"- Best SVI ({s}): collapsed ELBO {ms['final_collapsed']:.3f}, mean-field ELBO of its q(pi, mu, tau) "
-        f"{ms['final_meanfield']:.3f}; reaches ELBO*c − 1 nat at step {f(ms['hits_ref']['1.0'], 'd')}, − 0.1 nat at step "
-        f"{f(ms['hits_ref']['0.1'], 'd')} ({ms['per_iter_time'] * 1e3:.3g} ms/step)."
+        out.append(f"BayesPy: not run ({p['bayespy_error']}).")
+    out.append(
+        f"Best SVI ({s}): collapsed ELBO {ms['final']['collapsed']:.3f}, mean-field ELBO of its q(pi, mu, tau) "
+        f"{ms['final']['meanfield']:.3f}; reaches ELBO*c − 1 nat at step {f(ms['hits']['1.0']['iterations'], 'd')}, − 0.1 nat at step "
+        f"{f(ms['hits']['0.1']['iterations'], 'd')} ({ms['per_iter_time'] * 1e3:.3g} ms/step)."
     )
-    fi = p["autocvi_fit_defaults"]
-    lines.append(
-        f"- `autocvi.fit` with defaults (seed {st['autocvi_seeds'][0]}): {fi['num_steps']} iterations, converged={fi['converged']}, "
-        f"engine ELBO {fi['final_elbo_engine']:.3f}, mean-field ELBO (common estimator) {fi['meanfield']:.3f}, "
-        f"{fi['wall_time_including_compile']:.2f} s in the loop including compilation, {fi['total_call_time']:.2f} s for the whole call."
-    )
+    out.append(D.fit_line(fi, f"mean-field ELBO (common estimator) {fi['meanfield']:.3f}"))
     if p["autocvi_init_max_abs_difference_key0_vs_key1"] <= 1e-4:
-        lines.append(
-            "- autocvi's initialisation does not depend on `rng_key`; one autocvi run is reported."
+        out.append(
+            "autocvi's initialisation does not depend on `rng_key`; one autocvi run is reported."
         )
+    return "\n".join(f"- {line}" for line in out), b
+
+
+def markdown(p):
+    st = p["settings"]
+    lines, bayespy = headline(p)
+    ran = "BayesPy ran (same mean-field family and objective as autocvi)."
     return f"""# Gaussian mixture (iris, K=3): autocvi VMP vs NumPyro SVI (TraceEnum_ELBO) vs BayesPy
 
 {D.env_line(p["environment"], NAME)}
 
-Data: {st["data"]}. Prior: {st["prior"]}. {"BayesPy ran (same mean-field family and objective as autocvi)." if b else f"**BayesPy could not be used**: {p['bayespy_error']}"}
+Data: {st["data"]}. Prior: {st["prior"]}. {ran if bayespy else f"**BayesPy could not be used**: {p['bayespy_error']}"}
 
 Each q(pi, mu, tau) is scored from one set of {st["estimator_num_samples"]} draws (shared key) in two
 ways: the **collapsed ELBO** (z summed out; what TraceEnum_ELBO maximises; ELBO\\*c =
@@ -341,11 +287,11 @@ the native ELBO with {st["convergence_rule"]}.
 
 ## Headline
 
-{chr(10).join(lines)}
+{lines}
 
 ## All runs
 
-{D.table(COLUMNS, runs)}
+{D.table(COLUMNS, p["methods"])}
 
 autocvi schedule:
 
@@ -356,34 +302,19 @@ autocvi schedule:
 
 
 def panels(p):
-    ref, out = p["reference_collapsed_elbo"], [[], [], []]
-    for label, m in p["methods"].items():
-        it = np.maximum(np.asarray(m["iters"], float), 0.8)
-        gap = np.maximum(ref - np.asarray(m["collapsed"], float), 1e-3)
-        out[0].append((it, gap, label, "-"))
-        out[1].append((np.maximum(it * m["per_iter_time"], 1e-5), gap, label, "-"))
-        obj = np.asarray(m["objective"], float)
-        if m["kind"] == "svi":
-            obj = np.convolve(obj, np.ones(50) / 50, mode="valid")
-        out[2].append((np.arange(1, len(obj) + 1), obj, label, "-"))
-    gp = {
-        "log": "xy",
-        "hlines": [(1.0, "--"), (0.1, ":")],
-        "ylabel": "ELBO*c - collapsed ELBO(q) [nats; floor 1e-3]",
-    }
-    return [
-        {**gp, "lines": out[0], "xlabel": "iteration"},
-        {**gp, "lines": out[1], "xlabel": "wall-clock s (loop, compile excluded)", "legend": 0},
+    ref, methods = p["reference_collapsed_elbo"], p["methods"]
+    out = D.gap_panels(methods, ref, "collapsed", "ELBO*c - collapsed ELBO(q) [nats; floor 1e-3]")
+    out.append(
         {
-            "lines": out[2],
+            "lines": D.objective_lines(methods, 50),
             "log": "x",
             "ylim": (ref - 60, ref + 5),
-            "xlabel": "iteration",
-            "ylabel": "native objective (SVI: 50-step mean)",
             "legend": 6,
-        },
-    ]
+        }
+    )
+    out[-1].update(xlabel="iteration", ylabel="native objective (SVI: 50-step mean)")
+    return out
 
 
-def main(argv=None):
-    run(quick="--quick" in (argv or []))
+def main(argv=()):
+    run(quick="--quick" in argv)

@@ -20,7 +20,6 @@ from numpyro.infer.autoguide import AutoLowRankMultivariateNormal, AutoMultivari
 
 from autocvi import datasets
 
-from . import driver as D
 from . import svi_comparison
 
 JITTER = 1e-5
@@ -56,10 +55,10 @@ def log_loss_bits(mean, var, y):
 
 
 def problem(Xtr, ytr, Xte, yte, log_l, log_sd):
-    """Training data and the test metric of a posterior over f (KL-prox Eq. 20)."""
-    K = squared_exponential(Xtr, Xtr, log_l, log_sd) + JITTER * jnp.exp(2 * log_sd) * jnp.eye(
-        len(ytr)
-    )
+    """Training data and the test metric of a posterior over f (KL-prox Eq. 20):
+    ``f* | f`` is the GP conditional, ``f* = A f + e`` with ``A = K*f K^-1``."""
+    K = squared_exponential(Xtr, Xtr, log_l, log_sd)
+    K = K + JITTER * jnp.exp(2 * log_sd) * jnp.eye(len(ytr))
     Kst = squared_exponential(Xte, Xtr, log_l, log_sd)
     A = jax.scipy.linalg.cho_solve((jnp.linalg.cholesky(K), True), Kst.T).T
     base = jnp.exp(2 * log_sd) - jnp.sum(A * Kst, axis=1)
@@ -110,10 +109,11 @@ SETTINGS = {
     "svi_grid_points": 25,
     "estimator_num_samples": 4096,
     "estimator_rng_key": 12345,
-    "thresholds_nats": [1.0, 0.1],
+    "thresholds": [1.0, 0.1],
     "minibatch": "B = N/5, 5 passes",
     "test_metric_definition": "mean over test points of -log2 E_q[sigmoid(f*)], f* | f from the GP conditional, Gauss-Hermite",
 }
+QUICK = {"autocvi_num_steps": 20, "svi_num_steps": 1000, "svi_grid_points": 20}
 
 
 def run(name, quick=False):
@@ -121,31 +121,32 @@ def run(name, quick=False):
     data, metric = load(name)
     n = int(data["y"].shape[0])
     steps, minibatch, guides = PER_DATASET[name]
-    st = dict(SETTINGS, data=f"{DATASETS[name]}, N = {n}", autocvi_num_steps=steps)
-    if quick:
-        st.update(svi_num_steps=1000, svi_grid_points=20)
-    variants = []
+    st = {**SETTINGS, "data": f"{DATASETS[name]}, N = {n}", "autocvi_num_steps": steps}
+    st.update(QUICK if quick else {})
+
+    entry, k = svi_comparison.autocvi_entry, st["autocvi_num_samples"]
+    entries = [entry(st, "autocvi", model, data, st["autocvi_num_steps"], num_samples=k)]
     if minibatch:
         b = max(1, round(0.2 * n))
-        m = D.AutocviMethod(f"autocvi-minibatch-{b}", num_samples=st["autocvi_num_samples"])
-        variants.append(
-            (m, model_minibatch, dict(data, batch_size=b), int(np.ceil(5 * n / b)), b / n)
+        mb_data, mb_steps = dict(data, batch_size=b), int(np.ceil(5 * n / b))
+        m = entry(
+            st, f"autocvi-minibatch-{b}", model_minibatch, mb_data, mb_steps, b / n, num_samples=k
         )
+        entries.append(m)
     spec = {
         "name": f"gp_classification_{name}",
+        "cmd": f"gp_classification:{name}",
         "title": f"GP classification ({name}, N = D = {n})",
         "model": model,
         "data": data,
         "site": "f",
-        "settings": st,
         "guides": {g: GUIDES[g] for g in guides},
         "test_metric": ("test log-loss (bits)", metric),
-        "autocvi_variants": variants,
+        "autocvi": entries,
     }
-    return svi_comparison.run(spec, quick=quick)
+    return svi_comparison.run(spec, st)
 
 
-def main(argv=None):
-    argv = argv or []
+def main(argv=()):
     for name in [a for a in argv if not a.startswith("-")] or ["ionosphere", "sonar"]:
         run(name, quick="--quick" in argv)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import driver as common
+from . import driver as D
 
-DOC = common.ROOT / "docs" / "benchmarks.md"
+DOC = D.ROOT / "docs" / "benchmarks.md"
 
 INTRO = """# Benchmark results
 
@@ -41,7 +41,9 @@ over autocvi's cost. Loop times exclude compilation; setup and compile times are
 full reports. Timings vary with the machine's load (recorded in each JSON).
 """
 
-# (heading, protocol text, result name, section heading prefixes to copy, plot)
+# (heading, protocol text, result name); of each report the sections whose headings start
+# with one of COPIED are copied, in the report's order, with its plot.
+COPIED = ("Ratios", "All methods", "Result", "The paper", "Headline")
 SECTIONS = [
     (
         "Logistic regression: convergence (CVI paper Sec. 7 data)",
@@ -50,8 +52,6 @@ SECTIONS = [
         "messages (`autocvi-mc`), and NumPyro SVI with AutoMultivariateNormal and Adam at three "
         "learning rates.",
         "logistic_regression",
-        ["Ratios", "All methods"],
-        True,
     ),
     (
         "Logistic regression: the CVI paper's Table 3 protocol",
@@ -60,16 +60,12 @@ SECTIONS = [
         "and SVI (AutoMultivariateNormal + Adam, best of three learning rates), next to the "
         "paper's printed numbers.",
         "logistic_regression_table3",
-        ["Results", "The paper"],
-        True,
     ),
     (
         "Logistic regression with D > N (colon-cancer shape)",
         "Synthetic data shaped like the colon-cancer set of KL-prox Table 2 (N = 62, D = 2000): "
         "autocvi's function-space block (no D x D matrix) against SVI with Adam.",
         "logistic_regression_wide",
-        ["autocvi vs", "Ratios", "Result", "All methods"],
-        True,
     ),
     (
         "GP classification: ionosphere (PG-SVI Sec. 7.1, Fig. 2)",
@@ -79,8 +75,6 @@ SECTIONS = [
         "AutoMultivariateNormal and AutoLowRankMultivariateNormal. The fourth panel is the test "
         "log-loss against passes through the data.",
         "gp_classification_ionosphere",
-        ["Ratios", "All methods"],
-        True,
     ),
     (
         "GP classification: sonar",
@@ -88,31 +82,23 @@ SECTIONS = [
         "diagonal kernel with variance e^12, where every method predicts close to 0.5 on the "
         "test set and autocvi's line-searched steps need a few hundred iterations.",
         "gp_classification_sonar",
-        ["Ratios", "All methods"],
-        True,
     ),
     (
         "GP classification: hyperparameters by the ELBO (KL-prox Table 3 protocol), ionosphere",
         "Random 50/50 splits; all 225 points of the papers' (log l, log sigma) grid fitted per "
         "split, the highest ELBO chosen, test log-loss reported next to the published numbers.",
         "gp_hyperparameters_ionosphere",
-        ["Result"],
-        True,
     ),
     (
         "GP classification: hyperparameters by the ELBO, sonar",
         "As above, for sonar.",
         "gp_hyperparameters_sonar",
-        ["Result"],
-        True,
     ),
     (
         "Gaussian mixture: autocvi's VMP against BayesPy and SVI",
         "iris, 3 components, conjugate priors: every message is exact, so CVI is VMP. BayesPy "
         "runs VMP on the same mean-field family; SVI enumerates z (TraceEnum_ELBO).",
         "gaussian_mixture",
-        ["Headline"],
-        True,
     ),
     (
         "Poisson-gamma matrix factorisation (CVI paper App. K)",
@@ -120,15 +106,11 @@ SECTIONS = [
         "Fisher-route natural-gradient messages against SVI (AutoNormal, Adam); test "
         "reconstruction loss against time.",
         "factor_models_poisson_gamma",
-        ["autocvi vs", "All methods"],
-        True,
     ),
     (
         "Gamma factor model (CVI paper App. J)",
         "Synthetic data from the model; the same comparison.",
         "factor_models_gamma",
-        ["autocvi vs", "All methods"],
-        True,
     ),
 ]
 
@@ -157,22 +139,19 @@ def _sections(markdown: str) -> dict[str, str]:
     return out
 
 
-def render(results: Path = common.RESULTS) -> str:
+def render(results: Path = D.RESULTS) -> str:
     parts = [INTRO.rstrip()]
     missing = []
-    for title, text, name, wanted, plot in SECTIONS:
+    for title, text, name in SECTIONS:
         md_path = results / f"{name}.md"
         if not md_path.exists():
             missing.append(name)
             continue
-        found = _sections(md_path.read_text())
         body = [f"## {title}", "", text, ""]
-        for prefix in wanted:
-            for heading, section in found.items():
-                if heading.startswith(prefix):
-                    body += [f"#### {heading}", "", section, ""]
-                    break
-        if plot and (results / f"{name}.png").exists():
+        for heading, section in _sections(md_path.read_text()).items():
+            if heading.startswith(COPIED):
+                body += [f"#### {heading}", "", section, ""]
+        if (results / f"{name}.png").exists():
             body += [f"![{title}](../benchmarks/results/{name}.png)", ""]
         body.append(f"Full report: [`{name}.md`](../benchmarks/results/{name}.md).")
         parts.append("\n".join(body).rstrip())
@@ -188,7 +167,7 @@ def render(results: Path = common.RESULTS) -> str:
 
 def main(argv=None):
     DOC.write_text(render())
-    print(f"wrote {DOC.relative_to(common.ROOT)}")
+    print(f"wrote {DOC.relative_to(D.ROOT)}")
 
 
 if __name__ == "__main__":
