@@ -97,3 +97,43 @@ def test_params_held_fixed_are_announced():
     """Issue 12.7: numpyro.param sites are not learned yet; fit says so, naming them."""
     with pytest.warns(FitWarning, match="'scale'"):
         autocvi.fit(scaled_mean, {"y": jnp.arange(5.0)}, progress_bar=False)
+
+
+def _normal_gamma(x):
+    tau = numpyro.sample("tau", dist.Gamma(2.0, 1.0))
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("n", x.shape[0]):
+        numpyro.sample("x", dist.Normal(mu, 1.0 / jnp.sqrt(tau)), obs=x)
+
+
+def _scaled_logistic(X, y=None):
+    with numpyro.plate("features", X.shape[1]):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+    s = numpyro.sample("s", dist.HalfCauchy(1.0))
+    with numpyro.plate("n", X.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(logits=s * (X @ w) + b), obs=y)
+
+
+def test_step_record_covers_every_node_and_exact_nodes_never_search():
+    x = jnp.asarray(np.random.default_rng(0).normal(1.0, 0.5, 50), jnp.float32)
+    result = autocvi.fit(_normal_gamma, {"x": x}, progress_bar=False)
+    d = result.diagnostics
+    assert set(d.step_sizes) == set(result.schedule.nodes) == set(d.halvings)
+    assert all(h == 0 for h in d.halvings.values()) and not d.refused
+    assert all(b == result.schedule.step_size for b in d.step_sizes.values())
+
+
+def test_step_record_counts_line_search_halvings_of_estimated_messages():
+    """A joint Gaussian over (w, b, log s) with Monte Carlo messages: its line search halves."""
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(200, 5)).astype(np.float32)
+    y = X @ np.array([2.0, -1.0, 0.5, 0.0, 1.0]) + 0.3 > rng.logistic(size=200)
+    data = {"X": jnp.asarray(X), "y": jnp.asarray(y.astype(np.float32))}
+    result = autocvi.fit(_scaled_logistic, data, progress_bar=False)
+    d = result.diagnostics
+    (node,) = result.schedule.nodes
+    assert node not in result.schedule.blocks
+    assert d.halvings[node] > 0
+    assert 0.0 <= d.step_sizes[node] <= result.schedule.step_size
+    assert d.refused.get(node, 0) <= result.elbo.size

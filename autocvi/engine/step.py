@@ -50,9 +50,17 @@ class CVIState(NamedTuple):
 
 
 class CVIInfo(NamedTuple):
-    """Per-step diagnostics: the ELBO after the step."""
+    """Per-step diagnostics.
+
+    ``elbo``: the ELBO after the step. ``step_sizes``: per node, the step size
+    taken (0 when the line search refused every step: the node kept its
+    parameters). ``halvings``: per node, how many times the line search halved
+    the step (0 for nodes whose messages are all exact, which need no search).
+    """
 
     elbo: jax.Array
+    step_sizes: dict = {}
+    halvings: dict = {}
 
 
 class CVIAlgorithm(NamedTuple):
@@ -313,13 +321,14 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
     }
 
     def safeguarded_update(i, lam, message, beta, key, fixed):
-        """The damped step, halved while it lowers the node's ELBO terms.
+        """The damped step, halved while it lowers the node's ELBO terms: ``(lam_i, b, k)``.
 
         The ELBO terms that change with node i are estimated before and after
         with the same random numbers (common random numbers), so the comparison
         is not swamped by Monte Carlo noise; a step that is not finite or lowers
         them by more than rounding is halved up to ``_MAX_HALVINGS`` times and
-        refused (the node keeps its parameters) if none helps. This is a
+        refused (the node keeps its parameters, ``b = 0``) if none helps; ``k``
+        counts the halvings. This is a
         backtracking line search on the CVI step (DESIGN.md section 2: every
         update is safeguarded), which the Gaussian blocks also do.
         """
@@ -340,12 +349,13 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             return 0.5 * b, k + 1, value(0.5 * b)[1]
 
         b0 = jnp.asarray(beta, jnp.result_type(float))
-        b, _, v = jax.lax.while_loop(
+        b, k, v = jax.lax.while_loop(
             lambda c: (c[1] < _MAX_HALVINGS) & bad(c[2]), halve, (b0, 0, value(b0)[1])
         )
         ok = ~bad(v) | ~jnp.isfinite(before)
         cand = value(b)[0]
-        return jax.tree_util.tree_map(lambda n, o: jnp.where(ok, n, o), cand, old)
+        new = jax.tree_util.tree_map(lambda n, o: jnp.where(ok, n, o), cand, old)
+        return new, jnp.where(ok, b, 0.0), jnp.asarray(k, jnp.int32)
 
     # ----------------------------------------------------------- init/step
     def init(rng_key) -> CVIState:
@@ -359,11 +369,16 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         # Local nodes of subsampled plates: work on the sampled elements only.
         lam = {n: _gather(nodes[n], lam_n, indices) for n, lam_n in state.natural.items()}
         block_elbos = {}
+        step_sizes, halvings = {}, {}
         for i in schedule.order:
             node = nodes[i]
             if i in blocks:
                 beta = schedule.block_step_size
                 lam[i], block_elbos[i] = blocks[i].update(lam[i], beta)
+                step_sizes[i], halvings[i] = (
+                    jnp.asarray(beta, jnp.result_type(float)),
+                    jnp.zeros((), jnp.int32),
+                )
                 continue
             mus = {j: layouts[j].fam.natural_to_mean(lam[j]) for j in lam if j not in blocks}
             total = None
@@ -382,13 +397,19 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                 total = g if total is None else jax.tree_util.tree_map(jnp.add, total, g)
             beta = schedule.step_size_at(state.iteration, local=node.local)
             if i in safeguarded:
-                lam[i] = safeguarded_update(i, lam, total, beta, sweep_key, fixed)
+                lam[i], step_sizes[i], halvings[i] = safeguarded_update(
+                    i, lam, total, beta, sweep_key, fixed
+                )
             else:
                 lam[i] = damped_update(layouts[i].fam, lam[i], total, beta)
+                step_sizes[i], halvings[i] = (
+                    jnp.asarray(beta, jnp.result_type(float)),
+                    jnp.zeros((), jnp.int32),
+                )
         value = elbo(lam, elbo_key, fixed, block_elbos)
         natural = {n: _scatter(nodes[n], state.natural[n], lam[n], indices) for n in state.natural}
         new_state = CVIState(natural, key, state.iteration + 1, state.constant_messages)
-        return new_state, CVIInfo(value)
+        return new_state, CVIInfo(value, step_sizes, halvings)
 
     def elbo_at(state: CVIState, rng_key):
         plate_key, elbo_key = jax.random.split(rng_key)

@@ -106,6 +106,11 @@ class Diagnostics:
         collapsed: sites with a Gaussian q whose variance collapsed to ~0.
         frozen: True when the state never changed from its initial value.
         messages: the warnings issued, one line each.
+        step_sizes: per node, the step size of the last iteration (0: refused).
+        halvings: per node, line-search halvings summed over the run (only
+            nodes with estimated messages search; the others report 0).
+        refused: per node, how many iterations the line search refused every
+            step size (the node kept its parameters); nodes never refused are absent.
     """
 
     non_finite_elbo: list = field(default_factory=list)
@@ -115,6 +120,9 @@ class Diagnostics:
     frozen: bool = False
     noisy: float | None = None
     messages: list = field(default_factory=list)
+    step_sizes: dict = field(default_factory=dict)
+    halvings: dict = field(default_factory=dict)
+    refused: dict = field(default_factory=dict)
 
     @property
     def trustworthy(self) -> bool:
@@ -129,10 +137,27 @@ class Diagnostics:
 
 
 def diagnose(
-    elbo, initial_natural, natural, layouts, blocks, deterministic: bool, subsampled: bool = False
+    elbo,
+    initial_natural,
+    natural,
+    layouts,
+    blocks,
+    deterministic: bool,
+    subsampled: bool = False,
+    steps=None,
 ) -> Diagnostics:
-    """Check a finished run; see :class:`Diagnostics` for what is checked."""
+    """Check a finished run; see :class:`Diagnostics` for what is checked.
+
+    ``steps``: the loop's per-node record (``autocvi.infer.fit.StepLog``), if any.
+    """
     d = Diagnostics()
+    if steps is not None:
+        for name, sizes in steps.step_sizes.items():
+            if sizes.size:
+                d.step_sizes[name] = float(sizes[-1])
+                d.halvings[name] = int(np.sum(steps.halvings[name]))
+                if np.any(sizes == 0):
+                    d.refused[name] = int(np.sum(sizes == 0))
     elbo = np.asarray(elbo, dtype=float)
     d.non_finite_elbo = [int(i) for i in np.flatnonzero(~np.isfinite(elbo))]
     if deterministic and elbo.size > 1:

@@ -228,7 +228,9 @@ class CVI:
         runner = self._compiled(plan, ("run", float(tol), subsampled))
         # As fit: a resumed run may legitimately not move (it started at the optimum).
         initial = state.natural if init_state is None else None
-        carry, elbos, converged = _loop(runner, _Carry(state, inputs), num_steps, progress_bar)
+        carry, elbos, converged, steps = _loop(
+            runner, _Carry(state, inputs), num_steps, progress_bar
+        )
         state = carry.cvi_state
         if converged and not exact:
             # As fit: average the jittering iterates of Monte Carlo messages
@@ -236,7 +238,7 @@ class CVI:
             state = self._compiled(plan, "average")(state, inputs)
         layouts = {n: node.layout for n, node in schedule.nodes.items()}
         diagnostics = diagnose(
-            elbos, initial, state.natural, layouts, schedule.blocks, exact, subsampled
+            elbos, initial, state.natural, layouts, schedule.blocks, exact, subsampled, steps
         )
         report(diagnostics, elbos.size)
         run_state = CVIRunState(state, plan.id)
@@ -514,10 +516,10 @@ class _Bound:
 
 def _loop(runner, carry, num_steps, progress_bar):
     """``fit``'s loop (:func:`autocvi.infer.fit.run_loop`) with a cached chunk runner."""
-    carry, elbos, converged, _ = run_loop(
+    carry, elbos, converged, _, steps = run_loop(
         None, carry, num_steps, 0.0, False, progress_bar=progress_bar, runner=runner
     )
-    return carry, elbos, converged
+    return carry, elbos, converged, steps
 
 
 def _with_data_params(model, names):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -227,7 +228,7 @@ def fit(
         state = init(key) if init_state is None else init_state
         # A resumed fit may legitimately not move (it started at the optimum).
         initial = state.natural if init_state is None else None
-        state, elbos, converged, wall = run_loop(
+        state, elbos, converged, wall, steps = run_loop(
             algorithm.step,
             state,
             num_steps,
@@ -245,14 +246,14 @@ def fit(
         elbo_final = (
             float(elbos[-1]) if exact else final_elbo(algorithm, state, estimator=estimator)
         )
-        runs.append((elbo_final, state, elbos, converged, wall, initial))
+        runs.append((elbo_final, state, elbos, converged, wall, initial, steps))
     # Keep the restart with the best ELBO (non-finite ones last).
     finite = [r for r in runs if np.isfinite(r[0])] or runs
-    elbo_final, state, elbos, converged, wall, initial = max(finite, key=lambda r: r[0])
+    elbo_final, state, elbos, converged, wall, initial, steps = max(finite, key=lambda r: r[0])
     wall = sum(r[4] for r in runs)
     layouts = {n: node.layout for n, node in schedule.nodes.items()}
     diagnostics = diagnose(
-        elbos, initial, state.natural, layouts, schedule.blocks, exact, subsampled
+        elbos, initial, state.natural, layouts, schedule.blocks, exact, subsampled, steps
     )
     report(diagnostics, elbos.size)
     if not converged and diagnostics.trustworthy and tol > 0:
@@ -308,8 +309,9 @@ def run_loop(
     stepping one iteration at a time.
 
     Returns:
-        ``(state, elbo, converged, seconds)``; ``elbo`` has one entry per
-        iteration run, non-finite values included (as -inf or NaN).
+        ``(state, elbo, converged, seconds, steps)``; ``elbo`` has one entry per
+        iteration run, non-finite values included (as -inf or NaN); ``steps`` is
+        a :class:`StepLog`.
     """
     if num_steps < 1:
         raise ValueError(f"num_steps must be at least 1, got {num_steps}")
@@ -325,13 +327,20 @@ def run_loop(
 
         bar = tqdm(total=num_steps, desc="CVI", leave=False)
     history = jnp.full((2 * _WINDOW,), jnp.nan)
+    sizes: dict = {}
+    halvings: dict = {}
     while len(elbos) < num_steps and not converged:
         remaining = jnp.asarray(num_steps - len(elbos), jnp.int32)
-        state, history, values, done = run_chunk(state, history, remaining)
+        state, history, values, done, (step_sizes, step_halvings) = run_chunk(
+            state, history, remaining
+        )
         values, done = np.asarray(values), np.asarray(done)
         # Inactive iterations report NaN; active ones a finite ELBO or -inf.
         ran = int(np.sum(~np.isnan(values)))
         elbos.extend(float(v) for v in values[:ran])
+        for n, b in step_sizes.items():
+            sizes.setdefault(n, []).extend(np.asarray(b)[:ran].tolist())
+            halvings.setdefault(n, []).extend(np.asarray(step_halvings[n])[:ran].tolist())
         converged = ran > 0 and bool(done[ran - 1])
         if bar is not None:
             bar.update(ran)
@@ -341,7 +350,18 @@ def run_loop(
             break
     if bar is not None:
         bar.close()
-    return state, np.asarray(elbos), converged, time.perf_counter() - start
+    steps = StepLog(
+        {n: np.asarray(v, float) for n, v in sizes.items()},
+        {n: np.asarray(v, int) for n, v in halvings.items()},
+    )
+    return state, np.asarray(elbos), converged, time.perf_counter() - start, steps
+
+
+class StepLog(NamedTuple):
+    """Per node, per iteration run: the step size taken (0: refused) and the halvings."""
+
+    step_sizes: dict
+    halvings: dict
 
 
 def final_elbo(algorithm, state, num_estimates: int = 64, estimator=None) -> float:
@@ -390,13 +410,14 @@ def iterate_averager(step, num_steps: int):
 
 
 def _chunk_runner(step, tol: float, exact: bool, subsampled: bool = False):
-    """A jitted ``(state, history, remaining) -> (state, history, elbos, done)``.
+    """A jitted ``(state, history, remaining) -> (state, history, elbos, done, steps)``.
 
     Runs ``_CHUNK`` iterations in a ``lax.scan``. After convergence (or after
     ``remaining`` iterations) the state is frozen and the reported ELBO is NaN;
     an iteration that ran reports its ELBO, or -inf when it was not finite.
     ``history`` holds the last ``2 * _WINDOW`` ELBOs across chunks; the rule is
-    :func:`autocvi.infer.convergence.converged_now`.
+    :func:`autocvi.infer.convergence.converged_now`. ``steps``: the iterations'
+    ``(step_sizes, halvings)`` per node (:class:`~autocvi.engine.step.CVIInfo`).
     """
 
     def body(carry, _):
@@ -410,13 +431,14 @@ def _chunk_runner(step, tol: float, exact: bool, subsampled: bool = False):
         conv = converged_now(history, state.iteration, tol, exact, subsampled)
         done = jnp.logical_or(done, active & conv)
         count = count + active.astype(count.dtype)
-        return (state, history, count, remaining, done), (value, done)
+        steps = (info.step_sizes, info.halvings)
+        return (state, history, count, remaining, done), (value, done, steps)
 
     @structural_jit
     def run(state, history, remaining):
         carry = (state, history, jnp.zeros((), jnp.int32), remaining, jnp.zeros((), bool))
-        (state, history, _, _, _), (values, done) = jax.lax.scan(body, carry, None, _CHUNK)
-        return state, history, values, done
+        (state, history, _, _, _), (values, done, steps) = jax.lax.scan(body, carry, None, _CHUNK)
+        return state, history, values, done, steps
 
     return run
 
