@@ -40,8 +40,9 @@ __all__ = [
     "program_cache_info",
 ]
 
-# Compiled programs by structure; least recently used dropped beyond this many.
-_MAX_PROGRAMS = 64
+# Compiled programs by structure; least recently used dropped beyond this many (each
+# holds its XLA executables, tens of MB for a large model).
+_MAX_PROGRAMS = 16
 _PROGRAMS: OrderedDict = OrderedDict()
 _STATS = {"hits": 0, "misses": 0}
 
