@@ -57,16 +57,9 @@ def environment() -> dict:
     """Versions, git commit (and whether autocvi/ is modified), machine, JAX backend, load."""
     dirty = _git("status", "--porcelain", "--", "autocvi")
     cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
-    cpu = next(
-        (ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")),
-        "?",
-    )
+    cpu = next((ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")), "?")
     mods = ("autocvi", "jax", "jaxlib", "numpyro", "numpy", "sklearn", "bayespy")
-    machine = {
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "affinity": sorted(os.sched_getaffinity(0)),
-    }
+    machine = {"cpu": cpu, "cpu_count": os.cpu_count(), "affinity": sorted(os.sched_getaffinity(0))}
     machine.update(jax_backend=jax.default_backend(), x64=bool(jax.config.jax_enable_x64))
     machine["load_average_1_5_15min"] = list(os.getloadavg())
     return {
@@ -165,12 +158,7 @@ class AutocviMethod:
     kind = "autocvi"
 
     def __init__(self, label="autocvi", rng_key=0, **options):
-        self.label, self.rng_key, self.options, self.setting = (
-            label,
-            rng_key,
-            options,
-            "",
-        )
+        self.label, self.rng_key, self.options, self.setting = (label, rng_key, options, "")
 
     def setup(self, model, data):
         self.data, self._elbo = data, float("nan")
@@ -226,12 +214,7 @@ class SVIMethod:
     kind = "svi"
 
     def __init__(self, label, make_guide, optim, loss=None, rng_key=0, setting="", **options):
-        self.label, self.make_guide, self.optim, self.rng_key = (
-            label,
-            make_guide,
-            optim,
-            rng_key,
-        )
+        self.label, self.make_guide, self.optim, self.rng_key = (label, make_guide, optim, rng_key)
         self.loss, self.setting, self._compiled = loss, setting, {}
         self.site, self.posterior_fn = options.get("site"), options.get("posterior_fn")
         self.float32 = options.get("float32", False)
@@ -249,10 +232,7 @@ class SVIMethod:
             names = (self.guide, self.optim, self.svi.loss)
             self.setting = self.setting or ", ".join(type(x).__name__ for x in names)
             state = self.svi.init(jax.random.PRNGKey(self.rng_key), **self.data)
-            self._update, self._loss = (
-                jax.jit(lambda s: self.svi.update(s, **self.data)),
-                None,
-            )
+            self._update, self._loss = (jax.jit(lambda s: self.svi.update(s, **self.data)), None)
             return jax.block_until_ready(state)
 
     def step(self, state):
@@ -373,12 +353,7 @@ class Run:
 
     def record(self, **extra) -> dict:
         """The timing fields every method record carries, and ``extra``."""
-        names = (
-            "per_iter_time",
-            "per_iter_time_host_sync",
-            "setup_time",
-            "compile_time",
-        )
+        names = ("per_iter_time", "per_iter_time_host_sync", "setup_time", "compile_time")
         rec = {k: getattr(self, k) for k in (*names, "num_steps", "objective", "checks")}
         rec.update(loop_times_all_repeats=self.loop_times, setting=self.method.setting)
         return rec | {"kind": self.method.kind, "_run": self} | extra
@@ -448,17 +423,7 @@ def run(method, model, data, num_steps, *, keep=None, repeats=3, stepwise=None) 
                 np.allclose(fobj[:num_steps], obj, rtol=1e-4, atol=1e-3, equal_nan=True)
             )
         host = host if fused else None  # stepwise only: the step time is the loop time
-    r = Run(
-        method,
-        num_steps,
-        np.asarray(obj),
-        per_iter,
-        setup,
-        compile_time,
-        times,
-        kept,
-        host,
-    )
+    r = Run(method, num_steps, np.asarray(obj), per_iter, setup, compile_time, times, kept, host)
     r.checks = checks
     print(
         f"  {method.label}: {num_steps} iterations, {per_iter * 1e3:.3g} ms/iter, setup "
@@ -535,15 +500,8 @@ def experiment(entries, score, *, key="elbo", thresholds=(1.0, 0.1), higher=True
         print(f"[{e.method.label}] {e.steps} iterations", flush=True)
         # off-grid states are replayed (SVI) or, for methods refined without replay, kept
         keep = None if e.method.kind in refine and not hasattr(e.method, "states_at") else e.grid
-        r = run(
-            e.method,
-            e.model,
-            e.data,
-            e.steps,
-            keep=keep,
-            repeats=e.repeats,
-            stepwise=e.stepwise,
-        )
+        timing = {"keep": keep, "repeats": e.repeats, "stepwise": e.stepwise}
+        r = run(e.method, e.model, e.data, e.steps, **timing)
         iters = list(range(e.steps + 1)) if e.grid is None else sorted(set(e.grid) | {e.steps})
         rows = [score(r.posterior_at(t)) for t in iters]
         rec = r.record(iters=iters, passes=[t * e.passes for t in iters], final=rows[-1])
@@ -567,12 +525,8 @@ def experiment(entries, score, *, key="elbo", thresholds=(1.0, 0.1), higher=True
                 it = first_hit(rec["iters"], rec[key], target, better)
             loop = None if it is None else it * r.per_iter_time
             total = None if it is None else loop + r.setup_time + r.compile_time
-            hit = {
-                "iterations": it,
-                "loop_time": loop,
-                "time_including_setup_and_compile": total,
-            }
-            rec["hits"][str(thr)] = hit
+            hit = {"iterations": it, "loop_time": loop}
+            rec["hits"][str(thr)] = hit | {"time_including_setup_and_compile": total}
     return out, ref
 
 
@@ -589,10 +543,7 @@ def ratio(peer, ours):
 
 
 def md_table(header, rows) -> str:
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" for _ in header) + "|",
-    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
 
 
@@ -632,10 +583,7 @@ def ms_cell(label, m):
     return fmt(m["per_iter_time"] * 1e3) + (f" ({host * 1e3:.3g})" if host else "")
 
 
-METHOD_COLUMNS = [
-    ("method", lambda label, m: label, None),
-    ("setting", "setting", None),
-]
+METHOD_COLUMNS = [("method", lambda label, m: label, None), ("setting", "setting", None)]
 TIMING_COLUMNS = [
     ("ms / iter", ms_cell, None),
     ("compile s", "compile_time", ".2f"),
@@ -650,12 +598,7 @@ def metric_lines(methods, key, x="iters", time=False):
         xs = np.asarray(m[x], float) * (m["per_iter_time"] if time else 1.0)
         style = "-" if m["kind"] == "svi" else "-o"
         lines.append(
-            (
-                np.maximum(xs, 1e-5 if time else 0.05),
-                np.asarray(m[key], float),
-                label,
-                style,
-            )
+            (np.maximum(xs, 1e-5 if time else 0.05), np.asarray(m[key], float), label, style)
         )
     return lines
 

@@ -183,35 +183,22 @@ def run_table3(quick=False):
         def add(label, q, trace, rec, est=est, tr=tr, te=te, seed=seed):
             v, se = est({"w": q})
             rec.update(split_seed=seed, method=label, neg_elbo=-v, neg_elbo_mc_se=se)
-            rec.update(
-                neg_elbo_quadrature=-exact_elbo(q, X[tr], y[tr]),
-                test_log_loss_bits=log_loss_bits(q, X[te], y[te]),
-            )
+            rec["neg_elbo_quadrature"] = -exact_elbo(q, X[tr], y[tr])
+            rec["test_log_loss_bits"] = log_loss_bits(q, X[te], y[te])
             rec["total_time"] = rec["loop_time"] + rec["setup_time"] + rec["compile_time"]
             if seed == first:
-                traces[label] = {
-                    "neg_elbo": trace,
-                    "per_iter_time": rec["loop_time"] / rec["iterations"],
-                }
+                per_iter = rec["loop_time"] / rec["iterations"]
+                traces[label] = {"neg_elbo": trace, "per_iter_time": per_iter}
             rows.append(rec)
             return rec
 
-        methods = [
-            (D.AutocviMethod("autocvi"), 100),
-            (D.AutocviMethod("autocvi-mc", use_quadrature=False), 500),
-        ]
-        for m, max_steps in methods:
+        mc = D.AutocviMethod("autocvi-mc", use_quadrature=False)
+        for m, max_steps in ((D.AutocviMethod("autocvi"), 100), (mc, 500)):
             print(f"[{NAME}:table3] split {seed}: {m.label}")
             r = D.fit_timed(m, model, train, max_steps, st["timing_repeats"])
-            rec = {
-                k: r[k] for k in ("converged", "loop_time", "setup_time", "compile_time", "setting")
-            }
-            add(
-                m.label,
-                r["posterior"]["w"],
-                -r["elbo_engine"],
-                rec | {"iterations": r["num_steps"]},
-            )
+            keys = ("converged", "loop_time", "setup_time", "compile_time", "setting")
+            rec = {k: r[k] for k in keys} | {"iterations": r["num_steps"]}
+            add(m.label, r["posterior"]["w"], -r["elbo_engine"], rec)
         if seed == first:
             fit = D.timed_fit(model, train, rng_key=0)
         svi = []
@@ -236,10 +223,8 @@ def run_table3(quick=False):
     payload = {"benchmark": f"{NAME}_table3", "settings": st, "environment": D.environment()}
     payload.update(rows=rows, summary=summary, autocvi_fit=fit, traces_first_split=traces)
     payload["paper_table3_breast_cancer_scale"] = PAPER_BREAST
-    title, md = (
-        "Logistic regression, CVI paper Table 3 protocol (breast_cancer_scale, 50/50)",
-        table3_markdown(payload),
-    )
+    title = "Logistic regression, CVI paper Table 3 protocol (breast_cancer_scale, 50/50)"
+    md = table3_markdown(payload)
     D.write(f"{NAME}_table3", payload, md, table3_panels(payload), title)
     print(md)
     return payload
@@ -312,49 +297,28 @@ suggests the paper's log-loss may be in nats despite its log2 formula; ours is i
 
 
 def table3_panels(p):
-    lines = []
+    lines, timed = [], []
     for label, t in p["traces_first_split"].items():
-        v = np.asarray(t["neg_elbo"], float)
-        svi = label.startswith("svi")
-        v = np.convolve(v, np.ones(100) / 100, mode="valid") if svi else v
-        lines.append(
-            (
-                np.arange(100 if svi else 1, (100 if svi else 1) + len(v)),
-                v,
-                label,
-                "-" if svi else "-o",
-            )
-        )
+        svi, v = label.startswith("svi"), np.asarray(t["neg_elbo"], float)
+        v, start = (np.convolve(v, np.ones(100) / 100, mode="valid"), 100) if svi else (v, 1)
+        it = np.arange(start, start + len(v))
+        lines.append((it, v, label, "-" if svi else "-o"))
+        timed.append((it * t["per_iter_time"], v, label, "-" if svi else "-o"))
     lo = min(v[-1] for _, v, _, _ in lines)
-    obj = {
-        "log": "xy",
-        "ylim": (lo * 0.98, lo * 4),
-        "ylabel": "-ELBO, own objective (SVI: 100-step mean)",
-    }
-    timed = [
-        (it * p["traces_first_split"][label]["per_iter_time"], v, label, s)
-        for it, v, label, s in lines
-    ]
-    rows = [r for r in p["rows"] if r["method"] != "svi-best"]
-    scatter = [
-        (
-            [r["neg_elbo"] for r in rows if r["method"] == m],
-            [r["test_log_loss_bits"] for r in rows if r["method"] == m],
-            m,
-            None,
+    obj = {"log": "xy", "ylim": (lo * 0.98, lo * 4)}
+    obj["ylabel"] = "-ELBO, own objective (SVI: 100-step mean)"
+    rows, scatter = [r for r in p["rows"] if r["method"] != "svi-best"], []
+    for m in dict.fromkeys(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == m]
+        scatter.append(
+            ([r["neg_elbo"] for r in mine], [r["test_log_loss_bits"] for r in mine], m, None)
         )
-        for m in dict.fromkeys(r["method"] for r in rows)
-    ]
+    last = {"lines": scatter, "scatter": True, "title": "every split and method"}
+    last.update(xlabel="-ELBO on the training half", ylabel="test log-loss (bits)")
     return [
         {**obj, "lines": lines, "xlabel": "iteration", "title": "split 0: objective per iteration"},
         {**obj, "lines": timed, "xlabel": "wall-clock s (loop, compile excluded)", "legend": 0},
-        {
-            "lines": scatter,
-            "scatter": True,
-            "xlabel": "-ELBO on the training half",
-            "ylabel": "test log-loss (bits)",
-            "title": "every split and method",
-        },
+        last,
     ]
 
 
@@ -379,6 +343,7 @@ WIDE = {
     "thresholds": [1.0, 0.1],
     "test_metric_definition": "mean over the 62 test points of -log2 E_q[sigmoid(x*^T w)], by quadrature",
 }
+LOWRANK = "AutoLowRankMultivariateNormal(init_loc_fn=init_to_mean, rank=10)"
 WIDE_QUICK = {"svi_num_steps": 1000, "svi_grid_points": 20, "estimator_num_samples": 1024}
 WIDE_NOTES = f"""
 The posterior covariance is the prior's minus a rank-62 term: neither a diagonal nor a
@@ -417,12 +382,14 @@ def run_wide(quick=False):
     X, y, Xt, yt = make_wide_data()
     data = {"X": jnp.asarray(X), "y": jnp.asarray(y)}
 
+    def score(q):
+        return {"elbo": exact_elbo(q["w"], X, y), "test": log_loss_bits(q["w"], Xt, yt)}
+
     def normal_q(p):
         return {"w": dist.Normal(p["w_auto_loc"], p["w_auto_scale"]).to_event(1)}
 
-    def lowrank(m):
-        return AutoLowRank(m, init_loc_fn=init_to_mean, rank=10)
-
+    normal = partial(AutoNormal, init_loc_fn=init_to_mean)
+    lowrank = partial(AutoLowRank, init_loc_fn=init_to_mean, rank=10)
     spec = {
         "name": f"{NAME}_wide",
         "cmd": "logistic_regression:wide",
@@ -434,25 +401,14 @@ def run_wide(quick=False):
             svi_comparison.autocvi_entry(st, "autocvi", model, data, st["autocvi_num_steps"])
         ],
         "guides": {
-            "normal": (
-                partial(AutoNormal, init_loc_fn=init_to_mean),
-                "AutoNormal(init_loc_fn=init_to_mean)",
-                normal_q,
-            ),
-            "lowrank": (
-                lowrank,
-                "AutoLowRankMultivariateNormal(init_loc_fn=init_to_mean, rank=10)",
-                None,
-            ),
+            "normal": (normal, "AutoNormal(init_loc_fn=init_to_mean)", normal_q),
+            "lowrank": (lowrank, LOWRANK, None),
         },
         "svi_float32": True,
-        "score": lambda q: {
-            "elbo": exact_elbo(q["w"], X, y),
-            "test": log_loss_bits(q["w"], Xt, yt),
-        },
-        "scoring": "Objective: the **exact ELBO** of each Gaussian q: `sum_n E_q[log sigmoid(±x_n^T w)]` "
-        "by quadrature on the predictor `x_n^T w ~ N(m_n, v_n)` plus the closed-form "
-        "`E_q[log N(w; 0, I)] + H(q)`. SVI starts at w = 0, the prior mean, where autocvi starts too.",
+        "score": score,
+        "scoring": "Objective: the **exact ELBO** of each Gaussian q: `sum_n E_q[log sigmoid(±x_n^T "
+        "w)]` by quadrature on the predictor `x_n^T w ~ N(m_n, v_n)` plus the closed-form "
+        "`E_q[log N(w; 0, I)] + H(q)`. SVI starts at w = 0, the prior mean, where autocvi does.",
         "test_metric": ("test log-loss (bits)", None),
         "columns": [
             ("final ELBO (exact)", D.at("final", "elbo"), ".3f"),

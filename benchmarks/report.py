@@ -11,6 +11,7 @@ committed page differs from what this module renders.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from . import driver as D
@@ -35,7 +36,8 @@ Regenerate everything with `pip install -e ".[benchmarks]" && python -m benchmar
 `python -m benchmarks gp_classification:sonar`.
 
 Reading the ratios: an *iteration* is one CVI sweep or one Adam step; "ratio" is the
-peer's cost over autocvi's to reach the same ELBO threshold; "> Nx (SVI does not reach)"
+peer's cost over autocvi's to reach the same ELBO threshold (for the factor models: the same
+test loss, within 5% or 1% of the best); "> Nx (SVI does not reach)"
 means no peer setting got there within its budget, so the ratio is at least that budget
 over autocvi's cost. Loop times exclude compilation; setup and compile times are in the
 full reports. Timings vary with the machine's load (recorded in each JSON).
@@ -126,17 +128,8 @@ conjugate models are checked against closed-form posteriors (`tests/test_vmp.py`
 
 def _sections(markdown: str) -> dict[str, str]:
     """``## heading`` -> its body (up to the next ``##``)."""
-    out, current, lines = {}, None, []
-    for line in markdown.splitlines():
-        if line.startswith("## "):
-            if current is not None:
-                out[current] = "\n".join(lines).strip()
-            current, lines = line[3:].strip(), []
-        elif current is not None:
-            lines.append(line)
-    if current is not None:
-        out[current] = "\n".join(lines).strip()
-    return out
+    parts = re.split(r"^## (.*)$", markdown, flags=re.M)[1:]
+    return {h.strip(): body.strip() for h, body in zip(parts[::2], parts[1::2])}
 
 
 def render(results: Path = D.RESULTS) -> str:

@@ -132,7 +132,8 @@ def _ratio(k, spec=".1f"):
     def cell(thr, o):
         if o.get(k + "_lower_bound") is not None:
             return f"> {o[k + '_lower_bound']:.0f}x (SVI does not reach)"
-        return "—" if o[k] is None else f"{o[k]:{spec}}x"
+        v = o[k]
+        return "—" if v is None else f"{v:{spec if v >= 0.1 else '.2g'}}x"
 
     return cell
 
