@@ -1,42 +1,10 @@
 """Reading jaxprs: the one walker shared by the model, analysis and plan layers;
 compiling programs once per structure (:mod:`autocvi.jaxpr.compile`)."""
 
-from .compile import (
-    clear_program_cache,
-    enable_compilation_cache,
-    program_cache_info,
-    structural_jit,
-)
-from .walk import (
-    CALL_BODY,
-    CUSTOM_DERIVATIVE,
-    PLAIN_CALLS,
-    DropVar,
-    Literal,
-    bind,
-    call_body,
-    closed_parts,
-    dce,
-    has_sub_jaxpr,
-    interpret,
-    used_inputs,
-)
+from . import compile as _compile
+from . import walk as _walk
+from .compile import *  # noqa: F403 - the package is its two modules' public names
+from .walk import *  # noqa: F403
+from .walk import CUSTOM_DERIVATIVE, PLAIN_CALLS  # noqa: F401 - used by the analysis layer
 
-__all__ = [
-    "clear_program_cache",
-    "enable_compilation_cache",
-    "program_cache_info",
-    "structural_jit",
-    "CALL_BODY",
-    "CUSTOM_DERIVATIVE",
-    "PLAIN_CALLS",
-    "DropVar",
-    "Literal",
-    "bind",
-    "call_body",
-    "closed_parts",
-    "dce",
-    "has_sub_jaxpr",
-    "interpret",
-    "used_inputs",
-]
+__all__ = [*_compile.__all__, *_walk.__all__, "CUSTOM_DERIVATIVE", "PLAIN_CALLS"]
