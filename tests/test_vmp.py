@@ -98,7 +98,9 @@ def test_expected_log_factor_matches_monte_carlo(x64):
     mc = jnp.mean(
         jax.vmap(lambda mu, t: dist.Normal(mu, 1 / jnp.sqrt(t)).log_prob(x).sum())(mus, taus)
     )
-    np.testing.assert_allclose(float(expected_log_factor(fplan, layouts, means)), float(mc), rtol=2e-3)
+    np.testing.assert_allclose(
+        float(expected_log_factor(fplan, layouts, means)), float(mc), rtol=2e-3
+    )
 
 
 def test_non_conjugate_factor_has_no_exact_expectation():

@@ -40,13 +40,17 @@ class CVIState(NamedTuple):
     ``natural``: natural parameters per latent; ``rng_key``; ``iteration``;
     ``constant_messages``: the exact messages that never change (from factors
     whose only latent is the node itself), computed once by ``init``, keyed
-    ``"factor->latent"``.
+    ``"factor->latent"``. ``elbo_key``: the random numbers of every
+    iteration's ELBO estimate (common random numbers across iterations: the
+    reported ELBO then changes only as q does, so the stopping rule sees q
+    settle instead of the estimate's own scatter); None draws fresh ones.
     """
 
     natural: dict
     rng_key: jax.Array
     iteration: jax.Array
     constant_messages: dict = {}
+    elbo_key: jax.Array | None = None
 
 
 class CVIInfo(NamedTuple):
@@ -105,8 +109,22 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                 tensor[j] = moment_point_set(lay, mus[j], fplan.alignments[j])
             else:
                 key, sub = jax.random.split(key)
-                drawn[j] = lay.fam.sample(sub, lam[j], (num_samples,))
+                drawn[j] = draws(lay, lam[j], mus[j], sub)
         return tensor, drawn
+
+    def draws(lay, lam_j, mu_j, key):
+        """``num_samples`` draws of a node's q; antithetic pairs ``m +- d`` for Gaussians.
+
+        Antithetic pairs cancel every odd term of a factor's Taylor expansion about
+        the mean: the Bonnet/Price gradient of a factor quadratic in the node (a
+        Gaussian likelihood's weights) is then exact instead of carrying the noise
+        ``H (mean(x) - m)``, which on a collinear regression (N = 2,000) kept q's
+        means 0.1 sd from the optimum; the estimates stay unbiased for any factor.
+        """
+        if lay.q_family not in ("Normal", "MultivariateNormal") or num_samples % 2:
+            return lay.fam.sample(key, lam_j, (num_samples,))
+        half = lay.fam.sample(key, lam_j, (num_samples // 2,))
+        return jnp.concatenate([half, 2.0 * mu_j[0][None] - half])
 
     def expectation(fplan, tensor, drawn, fixed, s, extra=None):
         sets = dict(tensor)
@@ -140,7 +158,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         key, sub = jax.random.split(key)
         tensor, drawn = point_sets(fplan, lam, mus, key, skip=i)
         lay = layouts[i]
-        xs = lay.fam.sample(sub, lam[i], (num_samples,))
+        xs = draws(lay, lam[i], mus[i], sub)
         align = fplan.alignments[i]
         separable = all(a is not None for a in align.axes)
 
@@ -360,7 +378,8 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
     # ----------------------------------------------------------- init/step
     def init(rng_key) -> CVIState:
         natural = initial_natural(schedule, rng_key)
-        return CVIState(natural, rng_key, jnp.zeros((), jnp.int32), constant_messages())
+        elbo_key = jax.random.fold_in(rng_key, 1)
+        return CVIState(natural, rng_key, jnp.zeros((), jnp.int32), constant_messages(), elbo_key)
 
     def step(state: CVIState):
         key, plate_key, elbo_key, sweep_key = jax.random.split(state.rng_key, 4)
@@ -406,9 +425,11 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                     jnp.asarray(beta, jnp.result_type(float)),
                     jnp.zeros((), jnp.int32),
                 )
+        if state.elbo_key is not None:
+            elbo_key = state.elbo_key
         value = elbo(lam, elbo_key, fixed, block_elbos)
         natural = {n: _scatter(nodes[n], state.natural[n], lam[n], indices) for n in state.natural}
-        new_state = CVIState(natural, key, state.iteration + 1, state.constant_messages)
+        new_state = state._replace(natural=natural, rng_key=key, iteration=state.iteration + 1)
         return new_state, CVIInfo(value, step_sizes, halvings)
 
     def elbo_at(state: CVIState, rng_key):

@@ -111,6 +111,9 @@ class Diagnostics:
             nodes with estimated messages search; the others report 0).
         refused: per node, how many iterations the line search refused every
             step size (the node kept its parameters); nodes never refused are absent.
+        stuck: nodes whose every step of the last ``WINDOW`` iterations was
+            refused: their ELBO stopped changing because nothing moved, which
+            the stopping rule cannot tell from convergence.
     """
 
     non_finite_elbo: list = field(default_factory=list)
@@ -123,6 +126,7 @@ class Diagnostics:
     step_sizes: dict = field(default_factory=dict)
     halvings: dict = field(default_factory=dict)
     refused: dict = field(default_factory=dict)
+    stuck: list = field(default_factory=list)
 
     @property
     def trustworthy(self) -> bool:
@@ -131,6 +135,7 @@ class Diagnostics:
             or self.non_finite
             or self.collapsed
             or self.frozen
+            or self.stuck
             or self.noisy is not None
             or len(self.elbo_decreases) > 0
         )
@@ -158,6 +163,8 @@ def diagnose(
                 d.halvings[name] = int(np.sum(steps.halvings[name]))
                 if np.any(sizes == 0):
                     d.refused[name] = int(np.sum(sizes == 0))
+                if np.all(sizes[-WINDOW:] == 0):
+                    d.stuck.append(name)
     elbo = np.asarray(elbo, dtype=float)
     d.non_finite_elbo = [int(i) for i in np.flatnonzero(~np.isfinite(elbo))]
     if deterministic and elbo.size > 1:
@@ -189,7 +196,8 @@ def diagnose(
             jax.tree_util.tree_leaves(initial_natural[name]),
             jax.tree_util.tree_leaves(natural[name]),
         ):
-            if not np.array_equal(np.asarray(a), np.asarray(b)):
+            # allclose: averaging the iterates of a node that never moved rounds its bits
+            if not np.allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=0.0):
                 moved = True
     d.frozen = bool(natural) and not moved
     tail = elbo[-2 * WINDOW :]
@@ -231,6 +239,15 @@ def report(d: Diagnostics, num_steps: int) -> None:
             f"the ELBO still swings by {d.noisy:.3g} nats (sd around its trend) over the last "
             f"{2 * WINDOW} iterations: the updates oscillate or their Monte Carlo estimates are "
             "too noisy; try a smaller step_size or a larger num_samples."
+        )
+    for name in d.stuck:
+        d.messages.append(
+            f"node {name!r}: the line search refused every step of the last {WINDOW} "
+            "iterations (no step size improved the ELBO's estimate, or it was not finite), so "
+            "its ELBO stopped changing without converging. Start elsewhere: "
+            "init_strategy=numpyro.infer.init_to_value(values={...}) near where the data put "
+            "the latents, or no init_strategy (autocvi then tries three starts), or pass a "
+            "larger num_samples."
         )
     if d.frozen:
         d.messages.append(

@@ -16,6 +16,7 @@ from ..analysis.layout import site_posterior
 from ..engine.step import CVIState, cvi
 from ..jaxpr import structural_jit
 from ..model.graph import FactorGraph, _format_table
+from ..model.message_kinds import EXACT
 from ..plan.schedule import Schedule, check_planner_options, plan
 from .convergence import WINDOW, Diagnostics, FitWarning, converged_now, diagnose, report
 
@@ -219,7 +220,8 @@ def fit(
         num_restarts = 3 if discrete and init_state is None else 1
     init = structural_jit(algorithm.init)
     # Compiled once and shared by the restarts (a jit per restart recompiled).
-    runner = _chunk_runner(algorithm.step, tol, exact, subsampled)
+    track, shift = (None, None) if exact or subsampled else gaussian_means(schedule)
+    runner = _chunk_runner(algorithm.step, tol, exact, subsampled, track)
     averager = iterate_averager(algorithm.step, 2 * _WINDOW)
     estimator = None if exact else elbo_estimator(algorithm)
     runs = []
@@ -237,6 +239,7 @@ def fit(
             progress_bar=progress_bar,
             subsampled=subsampled,
             runner=runner,
+            shift=shift,
         )
         if converged and not exact:
             # Monte Carlo messages leave the iterates jittering around the fixed
@@ -286,6 +289,10 @@ def fit(
 # name for the benchmarks' drivers).
 _CHUNK = 20
 _WINDOW = WINDOW
+# Largest move of any coordinate's mean of a Gaussian q with estimated messages,
+# in its posterior sds, between two successive chunks' averages, that may be
+# called converged (Monte Carlo jitter of the averages stays well below it).
+MOVE_LIMIT = 0.25
 
 
 def run_loop(
@@ -297,11 +304,15 @@ def run_loop(
     progress_bar=False,
     subsampled: bool = False,
     runner=None,
+    shift=None,
 ):
     """Run ``step`` up to ``num_steps`` times or to convergence.
 
     ``runner``: an already compiled chunk runner (:func:`_chunk_runner`) to
     reuse instead of building one from ``step`` (``CVI`` caches its own).
+    ``shift``: with a runner that tracks q (:func:`gaussian_means`), the
+    measure of how far q moved between two chunks; convergence also needs it
+    below ``MOVE_LIMIT``.
 
     Iterations run inside a compiled ``lax.scan``, ``_CHUNK`` at a time; the
     convergence test (:func:`autocvi.infer.convergence.converged_now`) runs
@@ -329,10 +340,11 @@ def run_loop(
     history = jnp.full((2 * _WINDOW,), jnp.nan)
     sizes: dict = {}
     halvings: dict = {}
+    previous, hold = None, jnp.zeros((), jnp.int32)
     while len(elbos) < num_steps and not converged:
         remaining = jnp.asarray(num_steps - len(elbos), jnp.int32)
-        state, history, values, done, (step_sizes, step_halvings) = run_chunk(
-            state, history, remaining
+        state, history, values, done, (step_sizes, step_halvings), mean = run_chunk(
+            state, history, remaining, hold
         )
         values, done = np.asarray(values), np.asarray(done)
         # Inactive iterations report NaN; active ones a finite ELBO or -inf.
@@ -342,6 +354,16 @@ def run_loop(
             sizes.setdefault(n, []).extend(np.asarray(b)[:ran].tolist())
             halvings.setdefault(n, []).extend(np.asarray(step_halvings[n])[:ran].tolist())
         converged = ran > 0 and bool(done[ran - 1])
+        if converged and shift is not None and previous is not None:
+            # The ELBO can sit on a plateau while q still drifts along it (a
+            # funnel's neck, a saddle): converged only if q's means, averaged
+            # over this chunk, stayed within MOVE_LIMIT sd of the previous
+            # chunk's. Otherwise run a whole chunk before the rule may stop again.
+            moved = float(shift(mean, previous))
+            if moved > MOVE_LIMIT:
+                converged = False
+                hold = jnp.asarray(_CHUNK, jnp.int32)
+        previous = mean
         if bar is not None:
             bar.update(ran)
             if elbos:
@@ -409,19 +431,23 @@ def iterate_averager(step, num_steps: int):
     return run
 
 
-def _chunk_runner(step, tol: float, exact: bool, subsampled: bool = False):
-    """A jitted ``(state, history, remaining) -> (state, history, elbos, done, steps)``.
+def _chunk_runner(step, tol: float, exact: bool, subsampled: bool = False, track=None):
+    """A jitted ``(state, history, remaining, hold) -> (state, history, elbos, done, steps,
+    mean)``.
 
     Runs ``_CHUNK`` iterations in a ``lax.scan``. After convergence (or after
     ``remaining`` iterations) the state is frozen and the reported ELBO is NaN;
     an iteration that ran reports its ELBO, or -inf when it was not finite.
     ``history`` holds the last ``2 * _WINDOW`` ELBOs across chunks; the rule is
-    :func:`autocvi.infer.convergence.converged_now`. ``steps``: the iterations'
+    :func:`autocvi.infer.convergence.converged_now`, which may stop the chunk
+    only after ``hold`` iterations. ``steps``: the iterations'
     ``(step_sizes, halvings)`` per node (:class:`~autocvi.engine.step.CVIInfo`).
+    ``mean``: ``track(state)`` averaged over the chunk's iterations (None
+    without ``track``).
     """
 
     def body(carry, _):
-        state, history, count, remaining, done = carry
+        state, history, count, remaining, done, hold, total = carry
         new_state, info = step(state)
         active = jnp.logical_and(~done, count < remaining)
         state = jax.tree_util.tree_map(lambda n, o: jnp.where(active, n, o), new_state, state)
@@ -429,18 +455,65 @@ def _chunk_runner(step, tol: float, exact: bool, subsampled: bool = False):
         value = jnp.where(active, elbo, jnp.nan)
         history = jnp.where(active, jnp.roll(history, -1).at[-1].set(elbo), history)
         conv = converged_now(history, state.iteration, tol, exact, subsampled)
-        done = jnp.logical_or(done, active & conv)
         count = count + active.astype(count.dtype)
+        done = jnp.logical_or(done, active & conv & (count >= hold))
+        if track is not None:
+            total = jax.tree_util.tree_map(
+                lambda t, x: t + jnp.where(active, x, 0.0), total, track(state)
+            )
         steps = (info.step_sizes, info.halvings)
-        return (state, history, count, remaining, done), (value, done, steps)
+        return (state, history, count, remaining, done, hold, total), (value, done, steps)
 
     @structural_jit
-    def run(state, history, remaining):
-        carry = (state, history, jnp.zeros((), jnp.int32), remaining, jnp.zeros((), bool))
-        (state, history, _, _, _), (values, done, steps) = jax.lax.scan(body, carry, None, _CHUNK)
-        return state, history, values, done, steps
+    def run(state, history, remaining, hold):
+        total = None
+        if track is not None:
+            total = jax.tree_util.tree_map(jnp.zeros_like, track(state))
+        zero = jnp.zeros((), jnp.int32)
+        carry = (state, history, zero, remaining, jnp.zeros((), bool), hold, total)
+        (state, history, count, _, _, _, total), (values, done, steps) = jax.lax.scan(
+            body, carry, None, _CHUNK
+        )
+        mean = None
+        if track is not None:
+            mean = jax.tree_util.tree_map(lambda t: t / jnp.maximum(count, 1), total)
+        return state, history, values, done, steps, mean
 
     return run
+
+
+def gaussian_means(schedule: Schedule):
+    """``track`` for :func:`_chunk_runner`: the natural parameters of the Gaussian
+    nodes (not the Gaussian blocks) whose messages are estimated, and the
+    ``shift(a, b)`` that measures how far their means moved between two such
+    records: the largest ``|m_a - m_b| / sd_b`` over every coordinate."""
+    names = [
+        n
+        for n, node in schedule.nodes.items()
+        if n not in schedule.blocks
+        and node.layout.q_family in ("Normal", "MultivariateNormal")
+        and not all(kind == EXACT.name for _, kind in node.incoming)
+    ]
+    if not names:
+        return None, None
+
+    def track(state):
+        return {n: state.natural[n] for n in names}
+
+    @structural_jit
+    def shift(a, b):
+        worst = jnp.zeros(())
+        for n in names:
+            lay = schedule.nodes[n].layout
+            m_a, _ = lay.fam.natural_to_mean(a[n])
+            m_b, second = lay.fam.natural_to_mean(b[n])
+            if lay.q_family == "MultivariateNormal":
+                second = jnp.diagonal(second, axis1=-2, axis2=-1)
+            sd = jnp.sqrt(jnp.maximum(second - m_b**2, 1e-30))
+            worst = jnp.maximum(worst, jnp.max(jnp.abs(m_a - m_b) / sd))
+        return worst
+
+    return track, shift
 
 
 class IllConditionedError(ValueError):

@@ -29,7 +29,7 @@ from ..jaxpr import has_sub_jaxpr, interpret, used_inputs
 from .coordinates import MEMBER_FLAG, JointCoordinates
 from .graph import FactorGraph, FactorNode, ParamNode, PlateInfo, VariableNode
 
-__all__ = ["trace_model", "ModelError", "base_distribution", "support_name"]
+__all__ = ["trace_model", "prior_candidates", "ModelError", "base_distribution", "support_name"]
 
 
 class ModelError(ValueError):
@@ -400,6 +400,43 @@ def _run_model(model: Callable, data: dict, seed, init_strategy=None):
         f"{_name(model)}() raised {type(err).__name__} {_locate(err, recorder)} when run "
         f"with the data: {str(err) or '(the exception has no message)'}{hint}"
     ) from err
+
+
+def prior_candidates(
+    model: Callable, data: Mapping[str, Any] | None, rng_key=0, num_samples: int = 15
+) -> list[dict]:
+    """Candidate starting points from one run of the model: NumPyro's
+    ``init_to_median(num_samples)`` (each latent at the elementwise median of
+    ``num_samples`` prior draws, its parents held at their medians), then each of
+    those ``num_samples`` draws (draw ``k`` of every site). [] when the model raises.
+    """
+    data = dict(data or {})
+    seed = int(rng_key) if isinstance(rng_key, int) else rng_key
+    draws: dict[str, Any] = {}
+
+    def median_keeping_draws(site):
+        if site["type"] != "sample" or site["is_observed"] or _is_factor_site(site):
+            return None
+        try:
+            rng_key = site["kwargs"].get("rng_key")
+            sample_shape = tuple(site["kwargs"].get("sample_shape") or ())
+            samples = site["fn"](rng_key=rng_key, sample_shape=(num_samples, *sample_shape))
+        except NotImplementedError:  # no sampler (ImproperUniform): NumPyro's fallback
+            value = init_to_uniform(site)
+            samples = jnp.broadcast_to(value, (num_samples, *jnp.shape(value)))
+        draws[site["name"]] = samples
+        return jnp.median(samples, axis=0)
+
+    try:
+        model_trace, _ = _run_model(model, data, seed, median_keeping_draws)
+    except ModelError:
+        return []
+    median = {
+        name: site["value"]
+        for name, site in model_trace.items()
+        if site["type"] == "sample" and not site["is_observed"] and not _is_factor_site(site)
+    }
+    return [median] + [{n: v[k] for n, v in draws.items()} for k in range(num_samples)]
 
 
 def _densities_finite(model_trace: dict) -> bool:

@@ -32,7 +32,7 @@ from jax.extend import core as jax_core
 
 from ..analysis.classify import latent_layouts, trace
 from ..analysis.expectations import Alignment, PointSet, alignment, expect, moment_point_set
-from ..analysis.joint import find_joint_groups, joint_model
+from ..analysis.joint import choose_start, find_joint_groups, joint_model
 from ..analysis.layout import LatentLayout
 from ..analysis.linear_predictor import find_linear_predictor
 from ..blocks.gaussian_block import find_block
@@ -255,7 +255,15 @@ def plan(
         schedule = build_schedule(graph, num_samples=num_samples, step_size=step_size, **options)
         schedule.notes = tuple(notes)
         return schedule
-    start = None if init_strategy is None else graph.example_values
+    start = graph.example_values
+    if init_strategy is None:  # the user's strategy is followed as given
+        start, why = choose_start(model, data, graph, groups)
+        notes = [
+            *notes,
+            f"joint groups start at {why}: the highest log density of 18 candidates (the "
+            "prior median, its 15 prior draws, the centre of the unconstrained space, the "
+            "traced prior draw)",
+        ]
     joint_graph = trace(joint_model(model, groups, start), data, init_strategy=init_strategy)
     schedule = build_schedule(joint_graph, num_samples=num_samples, step_size=step_size, **options)
     schedule.joint = tuple(groups)

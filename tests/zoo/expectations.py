@@ -1,0 +1,161 @@
+"""What each zoo model is expected to meet: read by ``tests/test_zoo.py`` (which asserts
+it) and ``benchmarks/zoo.py`` (which prints the reasons in the zoo table).
+
+The default bars (issue 13): ELBO >= SVI's polished ELBO - 0.5 nat, max |z| of
+posterior means against NUTS <= 0.1, median sd ratio in [0.9, 1.1]. A model listed
+here says why its q family cannot meet them and what it must meet instead.
+"""
+
+# Where the family cannot represent the posterior: (max |z| bar, sd-ratio bar or
+# None, sites left out of the z bar, why).
+OUT_OF_REACH = {
+    "eight_schools": (0.5, None, (), "a funnel: tau's posterior is skewed on the log scale"),
+    "gp_latent_lengthscale": (
+        0.5,
+        None,
+        ("ls",),
+        "the length-scale posterior is skewed; q's Gaussian on log ls is under-dispersed",
+    ),
+    # (studentt_intercept_regression, negbin_randhie, ordinal_anes96 and
+    # fertility_random_slopes were here for Monte Carlo noise of 0.1-0.15 sd; antithetic
+    # draws in the Monte Carlo messages brought them to 0.04-0.06.)
+    "local_level": (
+        0.2,
+        None,
+        (),
+        "VMP mean-field between the Gamma precisions and the (offset, level) Gaussian: "
+        "the taus' sds are 0.52-0.56 of NUTS's, tau_obs's mean 0.17 sd off",
+    ),
+    # mean-field between the walk's Gamma precision and the walk: tau's sd is half NUTS's
+    "poisson_random_walk": (0.3, None, (), "mean-field between a Gamma precision and the walk"),
+    # discrete assignments are mean-field with the component parameters (VMP): the
+    # parameters' sds are 10-20% under NUTS's
+    "iris_mixture": (0.3, None, (), "mean-field between discrete assignments and components"),
+    "poisson_mixture": (0.1, None, (), "mean-field between discrete assignments and rates"),
+    "lda": (
+        1.0,
+        None,
+        (),
+        "VMP mean-field between topic assignments and phi/theta: sds 0.6-0.7 of NUTS's "
+        "(NUTS sums the assignments out), means up to 0.8 sd off",
+    ),
+    # Not scored on the means (None): only the ELBO bar applies.
+    "bnn_moons": (
+        None,
+        None,
+        (),
+        "a BNN posterior is multimodal and far from Gaussian (hidden units interact); "
+        "q's ELBO beats SVI's by 0.3 nat but means are up to 1.4 NUTS sd off, sds 0.7",
+    ),
+    "measurement_error": (
+        1.0,
+        None,
+        (),
+        "y ~ N(a + b x, sigma) with latent x is bilinear in (b, x): sigma's posterior is "
+        "curved; SVI's AutoMultivariateNormal is 0.54 sd off with sd ratio 0.34 as well",
+    ),
+    "garch11": (
+        0.5,
+        None,
+        (),
+        "alpha0 and beta1 are skewed against the stationarity bound beta1 < 1 - alpha1: sd "
+        "ratios 0.6-0.8, means up to 0.4 sd off (SVI's AutoMultivariateNormal: 2.0 sd)",
+    ),
+    "gp_regression_marginal": (
+        0.16,
+        None,
+        (),
+        "LogNormal(0, 10) kernel variance: its posterior is skewed on the log scale (sd "
+        "ratio 0.35, as SVI's AutoMultivariateNormal: max|z| 0.11)",
+    ),
+    "logistic_halfcauchy_ionosphere": (
+        0.3,
+        None,
+        (),
+        "half-Cauchy global scale over 34 weights (a funnel): tau's sd is 0.65 of NUTS's, "
+        "means up to 0.22 sd off (SVI's AutoMultivariateNormal: 0.24)",
+    ),
+    "gaussian_mixture_ordered": (
+        0.2,
+        None,
+        (),
+        "ordered component means: the posterior is not Gaussian on the ordered transform's "
+        "coordinates (sd ratios 0.7-0.9); the ELBO beats SVI's by 8 nats",
+    ),
+    "stochastic_volatility": (
+        0.75,
+        None,
+        (),
+        "centred AR(1) log-variance with latent sigma (a funnel): the best Gaussian q "
+        "narrows sigma (sd 0.15-0.2 of NUTS's) and shifts sigma and phi by up to 0.5 sd; "
+        "the ELBO beats SVI's by 12 nats (SVI's phi is 4 sd off)",
+    ),
+    "poisson_factorisation": (
+        1.0,
+        None,
+        (),
+        "Gamma q per element, mean-field between U and V (the papers' family for Gamma "
+        "factor models: no Gaussian member, so no joint group): it cannot follow the "
+        "U_k c, V_k / c ridge; means up to 0.7 sd off",
+    ),
+    "china_smoking_meta": (
+        None,
+        None,
+        (),
+        "centred hierarchy with a small tau (a funnel): tau is 0.7 sd off and its sd "
+        "half NUTS's, the city effects up to 0.5 sd off; the ELBO matches SVI's",
+    ),
+}
+# Models whose q family falls short of SVI's AutoMultivariateNormal in ELBO: (nats of
+# slack, why). Everything else must reach SVI's polished ELBO - 0.5 nat.
+ELBO_SHORT = {
+    "poisson_factorisation": (
+        2.5,
+        "mean-field Gamma q (see OUT_OF_REACH): 1.6 nat below SVI's joint Gaussian",
+    ),
+}
+# Models out of reach in float32 that must say so: raise IllConditionedError (which
+# names the fix) or return converged=False with a FitWarning; never converged=True.
+LOUD = {
+    "uncentred_year_regression": "intercept and slope correlated at -0.99997: q's precision "
+    "has condition number ~1e11, beyond float32 (the ELBO estimate is not finite); with "
+    "x64 the fit is right",
+}
+# The models this test asserts: each was fitted and scored against its reference
+# before being listed here (a reference added later does not join silently).
+ZOO = [
+    "logistic_plate_intercept",
+    "poisson_glm",
+    "studentt_intercept_regression",
+    "studentt_robust",
+    "negbin_randhie",
+    "missing_obs_regression",
+    "hierarchical_logit",
+    "eight_schools",
+    "local_level",
+    "poisson_random_walk",
+    "gp_latent_lengthscale",
+    "iris_mixture",
+    "probit_pima",
+    "ordinal_anes96",
+    "softmax_iris",
+    "flat_prior_regression",
+    "uncentred_year_regression",
+    "collinear_regression",
+    "fertility_random_slopes",
+    "china_smoking_meta",
+    "poisson_mixture",
+    "bnn_moons",
+    "lda",
+    "hierarchical_poisson_cancer",
+    "ar2_sunspots",
+    "gp_classification_ionosphere",
+    "weibull_survival_heart",
+    "measurement_error",
+    "garch11",
+    "gp_regression_marginal",
+    "logistic_halfcauchy_ionosphere",
+    "gaussian_mixture_ordered",
+    "stochastic_volatility",
+    "poisson_factorisation",
+]
