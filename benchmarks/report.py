@@ -114,6 +114,14 @@ SECTIONS = [
         "Synthetic data from the model; the same comparison.",
         "factor_models_gamma",
     ),
+    (
+        "Time to first answer: cold and warm fits against SVI (issue 14)",
+        "The model zoo, each model in a fresh process on one core: autocvi's first `fit` "
+        "(trace, plan, compilation, loop) and a second one, against SVI's compile time and "
+        "its compiled loop to within 1 nat of the better optimum. Produced by the zoo's runs "
+        "(`python -m benchmarks cold_start`).",
+        "cold_start",
+    ),
 ]
 
 OUTRO = """## Accuracy against the exact posterior
