@@ -13,6 +13,7 @@ import numpy as np
 
 from ..analysis.joint import member_posteriors
 from ..analysis.layout import site_posterior
+from ..blocks.gaussian_block import _MAX_DENSE_POSTERIOR
 from ..engine.step import CVIState, cvi
 from ..jaxpr import structural_jit
 from ..model.graph import FactorGraph, _format_table
@@ -521,10 +522,52 @@ class IllConditionedError(ValueError):
 
 
 def posterior_of(schedule: Schedule, state) -> dict:
-    """q per latent site of the user's model (joint groups split into their members)."""
+    """q per latent site of the user's model (joint groups split into their members).
+
+    Built by one compiled program (numpyro Distributions are pytrees): built
+    eagerly, each Cholesky, solve and reshape compiles on its own, seconds of a
+    cold fit. Where that program cannot be built (a structured ``BlockPosterior``)
+    or a parameter is not finite (an ill-conditioned q: the eager build raises the
+    error that names the site), the eager build runs.
+    """
+    out, ok = None, False
+    # A block above the dense limit answers with a structured BlockPosterior: eager.
+    if all(b.dim <= _MAX_DENSE_POSTERIOR for b in schedule.blocks.values()):
+        try:
+            out, ok = structural_jit(lambda natural: _checked_posterior_of(schedule, natural))(
+                state.natural
+            )
+        except Exception:  # noqa: BLE001 - not a pytree of arrays: built eagerly below
+            out, ok = None, False
+    leaves = jax.tree_util.tree_leaves(out)
+    if bool(ok) and all(bool(np.all(np.isfinite(np.asarray(x)))) for x in leaves):
+        # a compiled program returns dicts in sorted key order: restore the model's
+        order = [n for n in schedule.nodes if all(n != g.name for g in schedule.joint)]
+        order += [m for g in schedule.joint for m in g.member_names]
+        return {k: out[k] for k in order}
+    return _posterior_of(schedule, state.natural)
+
+
+def _checked_posterior_of(schedule: Schedule, natural):
+    """``(posterior_of, ok)``: ``ok`` is False when a Gaussian's precision is not positive
+    definite at this precision (the check NumPyro's validation makes eagerly, which the
+    eager build turns into :class:`IllConditionedError`)."""
+    ok = jnp.asarray(True)
+    for n, node in schedule.nodes.items():
+        lam = natural[n]
+        if n in schedule.blocks:
+            lam = schedule.blocks[n].natural(lam)
+        elif node.layout.q_family != "MultivariateNormal":
+            continue
+        precision = -(lam[1] + jnp.swapaxes(lam[1], -1, -2))
+        ok = ok & jnp.all(jnp.linalg.eigvalsh(precision)[..., 0] > 0)
+    return _posterior_of(schedule, natural), ok
+
+
+def _posterior_of(schedule: Schedule, natural) -> dict:
     out = {}
     for n, node in schedule.nodes.items():
-        lam = state.natural[n]
+        lam = natural[n]
         if n in schedule.blocks:
             out[n] = schedule.blocks[n].posterior(lam)
             continue
