@@ -6,23 +6,14 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro
-import numpyro.distributions as dist
 import pytest
 
 import autocvi
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_monte_carlo_messages import regression  # noqa: E402  (the same user model)
+
 from autocvi.infer.fit import _posterior_of, posterior_of
-
-
-def regression(X, y=None):
-    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
-    with numpyro.plate("features", X.shape[1]):
-        w = numpyro.sample("w", dist.Normal(0.0, 1.0))
-    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
-    with numpyro.plate("n", X.shape[0]):
-        numpyro.sample("y", dist.Normal(b + X @ w, sigma), obs=y)
 
 
 def test_compiled_posterior_equals_the_eager_build_in_the_models_order():
