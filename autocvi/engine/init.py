@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..analysis.expectations import expect, moment_point_set
 from ..model.message_kinds import EXACT
@@ -38,11 +39,18 @@ def initial_natural(schedule: Schedule, rng_key) -> dict:
             natural[name] = schedule.blocks[name].init_sites()
             continue
         if lay.discrete:
-            # Random responsibilities per element (a Dirichlet(1) draw): the
-            # continuous nodes are updated first from them, which breaks the
-            # symmetry of mixture components and topics differently per rng_key
-            # (a prior draw of the weights is the same for every element).
-            natural[name] = _full_size(node, _random_responsibilities(lay, sub))
+            # Responsibilities per element: the continuous nodes are updated
+            # first from them, which breaks the symmetry of mixture components
+            # and topics differently per rng_key (a prior draw of the weights is
+            # the same for every element). From the data where a likelihood
+            # observes continuous values per element (k-means++ seeding), else
+            # a Dirichlet(1) draw.
+            rows = _observed_rows(schedule, name, {**values, **params, **plates})
+            if rows is None or node.local or lay.q_family != "Categorical":
+                natural[name] = _full_size(node, _random_responsibilities(lay, sub))
+            else:
+                log_r = _kmeans_pp_responsibilities(rows, lay.num_categories, sub)
+                natural[name] = (jnp.reshape(log_r, lay.family_shape + (-1,)),)
             continue
         draw = lay.from_site(values[name])
         if lay.family in ("Unconstrained", "Joint"):
@@ -97,6 +105,72 @@ def _gaussian_at(lay, mean, var):
         prec = jnp.broadcast_to(jnp.eye(d, dtype=mean.dtype) / var, mean.shape + (d,))
         return (mean / var, -0.5 * prec)
     return (mean / var, jnp.full(mean.shape, -0.5 / var, mean.dtype))
+
+
+def _observed_rows(schedule: Schedule, name: str, values: dict):
+    """The continuous observations of ``name``'s first likelihood, one row per element
+    of ``name`` (``(elements, features)``), or None when no likelihood observes
+    continuous values aligned with every element axis of ``name``."""
+    lay = schedule.nodes[name].layout
+    for fname in schedule.graph.factors_of(name):
+        fac = schedule.graph.factors[fname]
+        if fac.kind != "likelihood" or fname not in schedule.factors:
+            continue
+        axes = schedule.factors[fname].alignments[name].axes
+        if not axes or any(a is None for a in axes):
+            continue
+        d, obs = schedule.graph.site_fn(fname)(values)
+        if d.support.is_discrete:  # category labels or codes: no distances
+            continue
+        obs = jnp.broadcast_to(jnp.asarray(obs), d.batch_shape + d.event_shape)
+        rows = jnp.moveaxis(obs, list(axes), list(range(len(axes))))
+        if rows.shape[: len(axes)] != lay.family_shape[: len(axes)]:
+            continue
+        return jnp.nan_to_num(jnp.reshape(rows, (int(np.prod(rows.shape[: len(axes)])), -1)))
+    return None
+
+
+def _kmeans_pp_responsibilities(rows, num_categories: int, key, seedings: int = 4):
+    """Log responsibilities ``(elements, K)`` from k-means on the standardised
+    ``rows``: of ``seedings`` runs (greedy k-means++ seeding then Lloyd
+    iterations, :func:`_kmeans`), the one with the smallest total squared
+    distance. Each element's responsibilities are a softmax of minus its
+    squared distances over twice the mean squared distance to the nearest
+    centre, mixed with 10% uniform so that no component starts empty."""
+    rows = (rows - jnp.mean(rows, 0)) / (jnp.std(rows, 0) + 1e-6)
+    keys = jax.random.split(key, seedings)
+    centres, inertia = jax.vmap(lambda k: _kmeans(rows, num_categories, k))(keys)
+    d2 = jnp.sum((rows[:, None, :] - centres[jnp.argmin(inertia)][None]) ** 2, -1)
+    r = jax.nn.softmax(-d2 / (2.0 * jnp.mean(jnp.min(d2, -1)) + 1e-6), axis=-1)
+    return jnp.log(0.9 * r + 0.1 / num_categories)
+
+
+def _kmeans(rows, num_categories: int, key, lloyd_steps: int = 10):
+    """``(centres, total squared distance)``: greedy k-means++ seeding (Arthur and
+    Vassilvitskii, 2007: each centre drawn with probability proportional to the
+    squared distance to the nearest centre so far; of ``2 + log K`` draws the one
+    that lowers the total most is kept), then ``lloyd_steps`` Lloyd iterations."""
+    n, trials = rows.shape[0], 2 + int(np.log(num_categories))
+    keys = jax.random.split(key, num_categories)
+    centres = [rows[jax.random.randint(keys[0], (), 0, n)]]
+    nearest = jnp.sum((rows - centres[0]) ** 2, -1)
+    for k in range(1, num_categories):
+        picks = jax.random.categorical(keys[k], jnp.log(nearest + 1e-30), shape=(trials,))
+        after = jnp.minimum(nearest[None], jnp.sum((rows[None] - rows[picks][:, None]) ** 2, -1))
+        best = jnp.argmin(jnp.sum(after, -1))
+        centres.append(rows[picks[best]])
+        nearest = after[best]
+
+    def distances(c):
+        return jnp.sum((rows[:, None, :] - c[None]) ** 2, -1)
+
+    def lloyd(_, c):
+        hard = jax.nn.one_hot(jnp.argmin(distances(c), -1), num_categories, dtype=rows.dtype)
+        counts = jnp.sum(hard, 0)[:, None]
+        return jnp.where(counts > 0, hard.T @ rows / jnp.maximum(counts, 1.0), c)
+
+    centres = jax.lax.fori_loop(0, lloyd_steps, lloyd, jnp.stack(centres))
+    return centres, jnp.sum(jnp.min(distances(centres), -1))
 
 
 def _random_responsibilities(lay, key):
