@@ -41,6 +41,7 @@ from ..analysis.expectations import GH_NODES as _GH_NODES
 from ..analysis.expectations import GH_WEIGHTS as _GH_WEIGHTS
 from ..analysis.layout import site_posterior
 from ..analysis.linear_predictor import LinearPredictor
+from ..jaxpr import structural_jit
 from ..model.message_kinds import EXACT
 from . import solvers as gs
 from .block_solvers import BLOCK_SOLVERS, BlockSolver
@@ -449,14 +450,22 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
     def log_prior(x):
         return sum(jnp.sum(fn(at(x))) for fn in prior_fns)
 
-    grad = jax.grad(log_prior)
-
-    def prec_times(v):
-        return -jax.jvp(grad, (x0,), (v,))[1]
-
-    h = grad(x0)
     probe = jax.random.normal(jax.random.PRNGKey(11), (dim,), dtype)
     rel = 1e-8 if dtype == jnp.float64 else 1e-4
+    colours = jnp.arange(dim) % 3
+    directions = jnp.stack(
+        [probe, jnp.ones_like(x0)] + [(colours == c).astype(dtype) for c in range(3)]
+    )
+
+    # Every probe of the prior in one compiled program: evaluated op by op, each
+    # primitive of the factors compiles on its own (seconds of a cold plan).
+    @structural_jit
+    def prior_probes(directions):
+        grad = jax.grad(log_prior)
+        h, hvp = jax.linearize(grad, x0)
+        return h, -jax.vmap(hvp)(directions)
+
+    h, products = prior_probes(directions)
     if lay.whitening is not None:
         # The site's own MultivariateNormal prior on the whitened variable:
         # N(0, I) exactly, whatever the conditioning of K (not read numerically,
@@ -464,16 +473,13 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
         q_ones, q_probe, h = jnp.ones_like(x0), probe, jnp.zeros_like(x0)
         tol = jnp.asarray(1.0, dtype)
     else:
-        q_probe = prec_times(probe)
-        q_ones = prec_times(jnp.ones_like(x0))
+        q_probe, q_ones = products[0], products[1]
         tol = rel * (1.0 + jnp.max(jnp.abs(q_probe)))
     diagonal = bool(jnp.all(jnp.abs(q_ones * probe - q_probe) <= tol)) and bool(jnp.all(q_ones > 0))
     tridiagonal = None
     if not diagonal and dim >= 3:
-        colours = jnp.arange(dim) % 3
-        cols = [prec_times((colours == c).astype(dtype)) for c in range(3)]
         idx = jnp.arange(dim)
-        stacked = jnp.stack(cols)  # (3, D)
+        stacked = products[2:]  # (3, D): the precision times each colour's indicator
         q_diag = stacked[idx % 3, idx]
         q_off = jnp.where(idx > 0, stacked[(idx - 1) % 3, idx], 0.0)
         q_up = jnp.concatenate([q_off[1:], jnp.zeros((1,), dtype)])
@@ -495,21 +501,27 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
         def eta_flat(x, lp=lp):
             return jnp.reshape(lp.eta_fn(at(x)), (-1,))
 
-        b = eta_flat(x0)
-        eta_shape = tuple(jnp.shape(lp.eta_fn(at(x0))))
+        eta_shape = tuple(jax.eval_shape(lambda x, lp=lp: lp.eta_fn(at(x)), x0).shape)
+        size = int(np.prod(eta_shape))
+        with_jacobian = size * dim <= _MAX_JACOBIAN
+
+        @structural_jit
+        def predictor_probes(directions, f=eta_flat, with_jacobian=with_jacobian):
+            # b, the derivatives along (ones, probe), and (if small enough) the Jacobian
+            b, jvp = jax.linearize(f, x0)
+            along = jax.vmap(jvp)(directions[1::-1])
+            return b, along, jax.jacfwd(f)(x0) if with_jacobian else None
+
+        b, along, A = predictor_probes(directions)
 
         def rest(eta, lp=lp):
             return lp.rest_fn(eta, values)
 
         a = None
         if b.shape[0] == dim:
-            a_try = jax.jvp(eta_flat, (x0,), (jnp.ones_like(x0),))[1]
-            lin = jax.jvp(eta_flat, (x0,), (probe,))[1]
+            a_try, lin = along[0], along[1]
             if bool(jnp.all(jnp.abs(a_try * probe - lin) <= rel * (1 + jnp.max(jnp.abs(lin))))):
                 a = a_try
-        A = None
-        if b.shape[0] * dim <= _MAX_JACOBIAN:
-            A = jax.jacfwd(eta_flat)(x0)
         if A is None and a is None:
             return None
         terms.append(_Term(fname, eta_shape, rest, A=A, a=a, b=b))
@@ -557,8 +569,9 @@ def _dense_prior(log_prior, x0, probe, rel):
     dim = x0.shape[0]
     if dim > _MAX_DENSE_PRIOR:
         return None
-    hess = jax.hessian(log_prior)
-    Q0 = -0.5 * (hess(x0) + hess(x0).T)
+    hess = structural_jit(jax.hessian(log_prior))  # compiled once, evaluated twice
+    H0 = hess(x0)
+    Q0 = -0.5 * (H0 + H0.T)
     Q1 = -hess(x0 + probe)
     if not bool(jnp.all(jnp.abs(Q1 - Q0) <= rel * (1.0 + jnp.max(jnp.abs(Q0))))):
         return None

@@ -441,9 +441,15 @@ def prior_candidates(
 
 def _densities_finite(model_trace: dict) -> bool:
     """Every sample site's log density is finite at the traced values."""
-    for site in model_trace.values():
-        if site["type"] != "sample" or site["value"] is None:
-            continue
+    sites = [s for s in model_trace.values() if s["type"] == "sample" and s["value"] is not None]
+    try:
+        # numpyro distributions are pytrees: one compiled program for every site
+        # (op by op, each primitive compiles on its own: seconds of a cold trace)
+        pairs = [(s["fn"], s["value"]) for s in sites]
+        return bool(_all_log_probs_finite(pairs))
+    except Exception:  # noqa: BLE001 - a site jit cannot take: one site at a time
+        pass
+    for site in sites:
         try:
             lp = site["fn"].log_prob(site["value"])
         except Exception:  # noqa: BLE001 - not evaluable here: judged later, per factor
@@ -451,6 +457,11 @@ def _densities_finite(model_trace: dict) -> bool:
         if not bool(np.all(np.isfinite(np.asarray(lp)))):
             return False
     return True
+
+
+@jax.jit
+def _all_log_probs_finite(pairs):
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(d.log_prob(v))) for d, v in pairs]))
 
 
 def _check_missing_observations(model: Callable, data: dict, model_trace: dict) -> None:
