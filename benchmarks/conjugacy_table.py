@@ -1,19 +1,13 @@
-"""The conjugacy table of the docs, generated from the classifier's test matrix.
-
-Imports the (factor, latent) cases of ``tests/test_conjugacy_interpreter.py``
-(``CONJUGATE`` and ``NON_CONJUGATE``), classifies every one with
-``autocvi.classify_edge`` (public) and writes ``docs/conjugacy.md``: the
-verdicts in the table are the classifier's, on the cases the test suite
-asserts, so the table cannot drift from the code (``tests/test_docs.py``
-checks that the committed file is what this produces).
+"""``docs/conjugacy.md`` from the classifier's test matrix: every (factor, latent) case of
+``tests/test_conjugacy_interpreter.py`` classified by ``autocvi.classify_edge``, so the table
+cannot drift from the code (``tests/test_docs.py`` checks it).
 
     python -m benchmarks conjugacy_table
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import runpy
 
 import autocvi
 
@@ -22,29 +16,18 @@ from . import driver as D
 DOC = D.ROOT / "docs" / "conjugacy.md"
 
 
-def _test_matrix():
-    path = D.ROOT / "tests" / "test_conjugacy_interpreter.py"
-    spec = importlib.util.spec_from_file_location("_conjugacy_matrix", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.CONJUGATE, module.NON_CONJUGATE
-
-
 def _density(site_fn, values, verdict) -> str:
     fn, _ = site_fn(values)
-    name = type(fn).__name__
-    while hasattr(fn, "base_dist") and name in ("Independent", "ExpandedDistribution"):
+    while type(fn).__name__ in ("Independent", "ExpandedDistribution"):
         fn = fn.base_dist
-        name = type(fn).__name__
-    forms = [f"{k}: {v}" for k, v in verdict.param_forms.items() if v]
+    name, forms = type(fn).__name__, [f"{k}: {v}" for k, v in verdict.param_forms.items() if v]
     return f"{name}({'; '.join(forms)})" if forms else name
 
 
 def render() -> str:
-    conjugate, non_conjugate = _test_matrix()
+    matrix = runpy.run_path(str(D.ROOT / "tests" / "test_conjugacy_interpreter.py"))
     rows = {True: [], False: []}
-    for expected, cases in ((True, conjugate), (False, non_conjugate)):
+    for expected, cases in ((True, matrix["CONJUGATE"]), (False, matrix["NON_CONJUGATE"])):
         for case_id, site_fn, values, target, family, _ in cases:
             v = autocvi.classify_edge(site_fn, values, target, family, site_name="y")
             verdict = "conjugate" if v.conjugate else "non-conjugate"

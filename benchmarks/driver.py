@@ -1,14 +1,12 @@
-"""The one driver every benchmark runs on (``benchmarks/README.md`` describes it).
+"""The one driver every benchmark runs on (``benchmarks/README.md`` describes it): the methods
+(autocvi, NumPyro SVI, BayesPy), the timed runner :func:`run`, the common scorer
+:class:`ELBOEstimator`, :func:`experiment`, and the report helpers (declared tables and plots,
+one writer of ``results/<name>.json``, ``.md`` and ``.png``).
 
-* Methods: :class:`AutocviMethod` (public ``autocvi.CVI`` only), :class:`SVIMethod` (NumPyro
-  SVI, any autoguide, loss and optimiser) and :class:`BayesPyMethod` implement
-  :class:`Method`; those whose loop is a JAX function also provide ``fused(state, n)``, the
-  loop their own ``run`` runs.
-* :func:`run`, the one timed runner; :class:`ELBOEstimator`, the common scorer (Monte Carlo
-  ELBO with common random numbers); :func:`experiment`, every :class:`Entry` run and scored
-  on its grid, the reference and the first iteration within each threshold of it.
-* Reports: tables declared as columns (:func:`table`), plots as panel dicts (:func:`plot`),
-  one writer (:func:`write`: ``results/<name>.json``, ``.md``, ``.png``).
+A method has ``label``, ``kind`` ("autocvi", "svi", "bayespy"), ``setting``, ``setup(model,
+data) -> state`` and ``posterior(state)`` (numpyro Distributions per site); :func:`run` drives
+it by ``step(state)`` and ``objective(state)`` per iteration, by its compiled loop
+``fused(state, n)`` where it has one, and SVI by ``compile``, ``fused`` and ``states_at``.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -93,17 +91,16 @@ class ELBOEstimator:
     float64 on the host. Returns (estimate, Monte Carlo standard error).
     """
 
-    def __init__(self, model, data, num_samples=4096, rng_key=12345, chunk=4096):
-        self.num_samples, self.chunk = num_samples, chunk
+    def __init__(self, model, data, num_samples=4096, rng_key=12345):
+        self.num_samples, self.chunk = num_samples, 4096
         self.key = jax.random.PRNGKey(rng_key)
         self._logp = jax.jit(jax.vmap(lambda z: log_density(model, (), data, z)[0]))
 
     def draws(self, q):
-        """``(z, log q(z))`` chunks of the shared draws of q (site dict or sample_and_log_q)."""
-        sample_and_log_q = q if callable(q) else independent_q(q)
+        """``(z, log q(z))`` chunks of the shared draws of q (a dict site -> distribution)."""
         for start in range(0, self.num_samples, self.chunk):
             n = min(self.chunk, self.num_samples - start)
-            yield sample_and_log_q(jax.random.fold_in(self.key, start), n)
+            yield independent_q(q)(jax.random.fold_in(self.key, start), n)
 
     def __call__(self, q) -> tuple[float, float]:
         v = [np.asarray(self._logp(z), np.float64) - np.asarray(lq) for z, lq in self.draws(q)]
@@ -133,32 +130,16 @@ def independent_q(dists: dict) -> Callable:
 
 
 # ------------------------------------------------------------------ methods
-class Method(Protocol):
-    label: str
-    kind: str  # "autocvi", "svi", "bayespy"
-    setting: str
-
-    def setup(self, model, data) -> Any: ...
-    def step(self, state) -> Any: ...
-    def objective(self, state) -> float: ...
-    def posterior(self, state) -> Any: ...
-
-
 class AutocviMethod:
-    """autocvi through its public API only: ``autocvi.CVI(model, **options)`` (planner
-    options such as ``use_quadrature=False`` included).
-
-    ``setup`` is ``CVI.init`` (trace, plan, compile and run ``init``); ``step`` is
-    ``CVI.update`` (one compiled step plus its ELBO on the host); ``fused`` is
-    ``CVI.run(init_state=..., tol=0)``, ``autocvi.fit``'s own loop (compiled chunks of 20
-    iterations); ``converge`` the same loop with ``fit``'s stopping rule; ``posterior``
-    is ``CVI.get_posterior``.
-    """
+    """autocvi through its public API only, ``autocvi.CVI(model, **options)``: ``setup`` is
+    ``CVI.init``, ``step`` ``CVI.update`` (plus its ELBO on the host), ``fused``
+    ``CVI.run(init_state=..., tol=0)`` (``autocvi.fit``'s loop), ``converge`` the same loop
+    with ``fit``'s stopping rule, ``posterior`` ``CVI.get_posterior``."""
 
     kind = "autocvi"
 
     def __init__(self, label="autocvi", rng_key=0, **options):
-        self.label, self.rng_key, self.options, self.setting = (label, rng_key, options, "")
+        self.label, self.rng_key, self.options, self.setting = label, rng_key, options, ""
 
     def setup(self, model, data):
         self.data, self._elbo = data, float("nan")
@@ -204,10 +185,9 @@ class AutocviMethod:
 class SVIMethod:
     """NumPyro SVI: ``make_guide(model)``, ``optim``, ``loss`` (default ``Trace_ELBO()``).
 
-    ``fused`` is ``SVI.run(progress_bar=False)``'s loop, a ``lax.scan`` of ``svi.update``,
-    compiled ahead of time (``compile`` is timed); states at given steps come from an
-    untimed ``lax.scan`` over segments of the same updates. ``posterior`` is
-    ``posterior_fn(params)``, else ``{site: guide.get_posterior(params)}``. ``float32``: SVI
+    ``fused`` is ``SVI.run``'s loop, a ``lax.scan`` of ``svi.update`` compiled ahead of time
+    (``compile``, timed); ``states_at`` replays segments of it, untimed. ``posterior`` is
+    ``posterior_fn(params)``, else ``{site: guide.get_posterior(params)}``; ``float32``: SVI
     runs with float64 off (numpyro's default) in a process that scores in float64.
     """
 
@@ -232,25 +212,15 @@ class SVIMethod:
             names = (self.guide, self.optim, self.svi.loss)
             self.setting = self.setting or ", ".join(type(x).__name__ for x in names)
             state = self.svi.init(jax.random.PRNGKey(self.rng_key), **self.data)
-            self._update, self._loss = (jax.jit(lambda s: self.svi.update(s, **self.data)), None)
             return jax.block_until_ready(state)
-
-    def step(self, state):
-        with self._precision():
-            state, self._loss = self._update(state)
-        return state
-
-    def objective(self, state):
-        return -float(self._loss)
 
     def compile(self, state, n) -> float:
         def loop(s):
             return jax.lax.scan(lambda c, _: self.svi.update(c, **self.data), s, None, length=n)
 
-        t0 = time.perf_counter()
         with self._precision():
-            self._compiled[n] = jax.jit(loop).lower(state).compile()
-        return time.perf_counter() - t0
+            (seconds,), self._compiled[n] = timed(lambda: jax.jit(loop).lower(state).compile(), 1)
+        return seconds
 
     def fused(self, state, n):
         with self._precision():
@@ -370,19 +340,14 @@ def timed(fn, repeats):
 
 
 def run(method, model, data, num_steps, *, keep=None, repeats=3, stepwise=None) -> Run:
-    """Run ``method`` for ``num_steps`` iterations, timed.
-
-    ``keep``: iterations whose states are kept (default: every one); ``stepwise``: time one
-    step at a time (each step includes fetching its objective to the host, as a Python loop
-    does) instead of the method's fused loop (default: stepwise only for methods without
-    one). ``repeats``: timed runs from the same start (identical computations; the fastest
-    is kept since the machine may be shared).
-    """
+    """Run ``method`` for ``num_steps`` iterations, timed: the fastest of ``repeats`` runs
+    from the same start, of its fused loop or (``stepwise``, or no fused loop) one step at a
+    time including fetching its objective; ``keep``: iterations whose states are kept."""
     (setup,), state0 = timed(lambda: method.setup(model, data), 1)
     keep = set(range(num_steps + 1)) if keep is None else set(keep) | {0, num_steps}
     fused = hasattr(method, "fused") and not stepwise
     checks, host = {}, None
-    if fused and method.kind == "svi":
+    if method.kind == "svi":  # always its compiled loop
         compile_time = method.compile(state0, num_steps)
         times, (_, obj) = timed(lambda: method.fused(state0, num_steps), repeats)
         points = sorted(keep - {0})
@@ -485,14 +450,12 @@ class Entry:
 
 
 def experiment(entries, score, *, key="elbo", thresholds=(1.0, 0.1), higher=True, **options):
-    """Run and score every entry: ``score(posterior) -> dict`` at each grid point.
+    """Run every entry and score it, ``score(posterior) -> dict``, on its grid.
 
-    The reference is the best final ``score[key]`` of any entry (and of ``options["also"]``);
-    per entry and threshold, the first iteration within it (``ref -/+ thr``, or ``ref * (1
-    -/+ thr)`` if ``relative``), refined between grid points by exact replay for the kinds in
-    ``refine`` (default SVI), its loop time and its time including setup and compilation.
-    Returns ``(label -> record, reference)``; a record holds :meth:`Run.record`, ``iters``,
-    ``passes``, one list per score key, ``final``, ``gap`` and ``hits``.
+    The reference is the best final ``score[key]`` (of any entry, or ``options["also"]``);
+    per entry and threshold the first iteration within it (``ref -/+ thr``, relative: ``ref *
+    (1 -/+ thr)``), refined by replay for the kinds in ``refine`` (default SVI), and its times.
+    Returns ``(label -> record, reference)``.
     """
     better, sign = (np.greater_equal, 1.0) if higher else (np.less_equal, -1.0)
     refine, out = options.get("refine", ("svi",)), {}
@@ -531,10 +494,11 @@ def experiment(entries, score, *, key="elbo", thresholds=(1.0, 0.1), higher=True
 
 
 # -------------------------------------------------------------------- report
-def fmt(x, spec=".3g", none="—"):
-    if x is None or (isinstance(x, float) and not np.isfinite(x)):
-        return none
-    return format(x, spec)
+TIMED_X = {"xlabel": "wall-clock s (loop, compile excluded)", "legend": 0}
+
+
+def fmt(x, spec=".3g"):
+    return "—" if x is None or (isinstance(x, float) and not np.isfinite(x)) else format(x, spec)
 
 
 def ratio(peer, ours):
@@ -568,13 +532,17 @@ def at(*path):
     return get
 
 
+def threshold_label(thr, unit="nat"):
+    return f"{float(thr):g} nat" if unit == "nat" else f"{100 * float(thr):g}%"
+
+
 def hit_columns(thresholds, unit="nat"):
     """Iterations and loop seconds to each threshold, from ``record["hits"]``."""
     cols = []
-    for thr in thresholds:
-        label = f"{float(thr):g} nat" if unit == "nat" else f"{100 * float(thr):g}%"
-        cols.append((f"iters to {label}", at("hits", str(thr), "iterations"), "d"))
-        cols.append((f"loop s to {label}", at("hits", str(thr), "loop_time"), ".3g"))
+    for thr in map(str, thresholds):
+        label = threshold_label(thr, unit)
+        cols.append((f"iters to {label}", at("hits", thr, "iterations"), "d"))
+        cols.append((f"loop s to {label}", at("hits", thr, "loop_time"), ".3g"))
     return cols
 
 
@@ -610,10 +578,9 @@ def gap_panels(methods, ref, key, ylabel, x="iters", xlabel="iteration"):
         for k, m in methods.items()
     }
     common = {"log": "xy", "hlines": [(1.0, "--"), (0.1, ":")], "ylabel": ylabel}
-    timed_x = {"xlabel": "wall-clock s (loop, compile excluded)", "legend": 0}
     return [
         {**common, "lines": metric_lines(gaps, "_gap", x), "xlabel": xlabel},
-        {**common, "lines": metric_lines(gaps, "_gap", time=True), **timed_x},
+        {**common, "lines": metric_lines(gaps, "_gap", time=True), **TIMED_X},
     ]
 
 
@@ -621,16 +588,12 @@ def objective_lines(methods, smooth=100):
     """Each method's own per-iteration objective (SVI: a ``smooth``-step running mean)."""
     lines = []
     for label, m in methods.items():
-        obj = np.asarray(m["objective"], float)
-        if m["kind"] == "svi":
+        obj, svi = np.asarray(m["objective"], float), m["kind"] == "svi"
+        if svi:
             obj = np.convolve(obj, np.ones(smooth) / smooth, mode="valid")
-            its, label = (
-                np.arange(smooth, smooth + len(obj)),
-                f"{label} (-loss, {smooth}-step mean)",
-            )
-        else:
-            its, label = np.arange(1, len(obj) + 1), f"{label} (own objective)"
-        lines.append((its, obj, label, "-" if m["kind"] == "svi" else "-o"))
+        its = np.arange(len(obj)) + (smooth if svi else 1)
+        what = f"-loss, {smooth}-step mean" if svi else "own objective"
+        lines.append((its, obj, f"{label} ({what})", "-" if svi else "-o"))
     return lines
 
 
@@ -734,3 +697,14 @@ def fit_timed(method, model, data, max_steps, repeats=2) -> dict:
         "loop_times_all_repeats": times,
         "setting": method.setting,
     }
+
+
+def main_of(run, parts):
+    """A benchmark's ``main(argv)``: ``run(part, quick=...)`` for each part named in ``argv``
+    (default: every one of ``parts``)."""
+
+    def main(argv=()):
+        for part in [a for a in argv if not a.startswith("-")] or list(parts):
+            run(part, quick="--quick" in argv)
+
+    return main

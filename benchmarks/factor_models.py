@@ -1,12 +1,7 @@
-"""Gamma factor models (CVI paper App. J, K): autocvi vs NumPyro SVI (AutoNormal, Adam at
-three learning rates) on test loss against iterations and wall-clock
-(:mod:`benchmarks.svi_comparison` with a test loss, lower is better, relative thresholds).
-
-* ``poisson_gamma``: Poisson-gamma matrix factorisation of scikit-learn's digits (first 150
-  images, K = 5, the paper's priors), 20% of the entries held out with ``.mask``; test loss:
-  held-out RMSE of ``E[Z] E[W]``.
-* ``gamma``: the gamma factor model on synthetic data from it (N = 300, D = 8, K = 2); test
-  loss: average negative log predictive density of 1,000 new points (1,000 draws of q).
+"""Gamma factor models (CVI paper App. J, K): autocvi vs NumPyro SVI on a test loss (lower is
+better, relative thresholds; :mod:`benchmarks.svi_comparison`). ``poisson_gamma``: Poisson-gamma
+matrix factorisation of scikit-learn's digits with 20% of the entries held out; ``gamma``: the
+gamma factor model on synthetic data drawn from it.
 
     python -m benchmarks factor_models[:poisson_gamma|:gamma] [--quick]
 """
@@ -46,8 +41,9 @@ def gamma_factor_model(Y, K=2, sigma2=0.1, a=1.0, b=1.0):
 
 
 COMMON = {
-    "autocvi_step_size": "engine default (0.1 with Fisher-route messages)",
     "autocvi_rng_key": 0,
+    "autocvi_repeats": 1,
+    "autocvi_step_size": "engine default (0.1 with Fisher-route messages)",
     "svi_guide": "AutoNormal (mean-field LogNormal q, init_loc_fn=init_to_uniform, init_scale=0.1)",
     "svi_learning_rates": [3e-3, 1e-2, 3e-2],
     "svi_num_steps": 4000,
@@ -69,9 +65,8 @@ SETTINGS = {
         "split_seed": 0,
         "autocvi_num_steps": 150,
         "autocvi_num_samples": 8,
-        "autocvi_step_size_note": "beta = 0.3 was tried on this problem by hand (same data, split, "
-        "seed and settings, 150 iterations, `AutocviMethod(step_size=0.3)`) and was no better "
-        "than the default (held-out RMSE 4.227 vs 4.201), so only the default runs here",
+        "autocvi_step_size_note": "beta = 0.3, tried by hand (`AutocviMethod(step_size=0.3)`, "
+        "150 iterations), was no better than the default (held-out RMSE 4.227 vs 4.201)",
         "test_loss": "RMSE of E_q[Z] E_q[W] on the held-out entries",
     },
     "gamma": {
@@ -86,11 +81,9 @@ SETTINGS = {
         "data_seed": 0,
         "autocvi_num_steps": 300,
         "autocvi_num_samples": 16,
-        "autocvi_step_size_note": "a larger step helps here: with beta = 0.3 (a second autocvi "
-        "run by hand, `AutocviMethod(step_size=0.3)`, left out to keep the suite within its time "
-        "budget) autocvi ends at a test loss of 7.833 after 300 iterations, 1.1% above the best "
-        "SVI setting, and is within 5% of L* after 100 iterations; beta = 0.5 leaves the Gamma "
-        "domain (examples/gamma_factor_model.py)",
+        "autocvi_step_size_note": "beta = 0.3, tried by hand (`AutocviMethod(step_size=0.3)`, "
+        "left out for time), ends at 7.833 after 300 iterations, within 5% of L* after 100; "
+        "beta = 0.5 leaves the Gamma domain (examples/gamma_factor_model.py)",
         "test_num_draws": 1000,
         "test_rng_key": 12345,
         "test_loss": "average negative log predictive density of the test points, "
@@ -150,11 +143,7 @@ def gamma_problem(st: dict) -> dict:
     Y_all = rng.multivariate_normal(np.zeros(D_), cov_true, size=st["N_train"] + st["N_test"])
     Y, Yt = Y_all[: st["N_train"]].astype(np.float32), jnp.asarray(Y_all[st["N_train"] :])
     Yt = Yt.astype(jnp.float32)
-    S, yy, key = (
-        st["test_num_draws"],
-        jnp.sum(Yt * Yt, axis=1),
-        jax.random.PRNGKey(st["test_rng_key"]),
-    )
+    S, key, yy = st["test_num_draws"], jax.random.PRNGKey(st["test_rng_key"]), jnp.sum(Yt * Yt, 1)
 
     def log_lik(Zs):
         """log N(y_i | 0, Z_s Z_s^T + s2 I) for every draw s and test point i (S x Nt).
@@ -204,31 +193,27 @@ PROBLEMS = {"poisson_gamma": poisson_gamma_problem, "gamma": gamma_problem}
 
 
 def verdict(p):
-    """autocvi against the SVI setting with the lowest final test loss, and each one's final
-    loss as the other's target (first iteration reaching it, refined by replay)."""
-    ms, (key, _) = p["methods"], p["settings"]["primary"]
+    """autocvi against the SVI setting with the lowest final test loss, each one's final loss as
+    the other's target (first iteration reaching it, refined by replay), and the baselines."""
+    ms, st = p["methods"], p["settings"]
+    key = st["primary"][0]
     best = min((k for k, m in ms.items() if m["kind"] == "svi"), key=lambda k: ms[k]["final"][key])
     a, b = ms["autocvi"], ms[best]
-    fa, fb = a["final"][key], b["final"][key]
-
-    def reach(m, target, who):
+    rows = []
+    for who, m, other in ((best, b, "autocvi"), ("autocvi", a, best)):
+        target = ms[other]["final"][key]
         it = D.refine_hit(m["_evaluate"], m["iters"], m[key], target, np.less_equal)
-        if it is None:
-            return f"{who} never reaches it in its run"
-        return f"{who} reaches it after {it} iterations, {it * m['per_iter_time']:.3g} s of loop"
-
+        loop = None if it is None else it * m["per_iter_time"]
+        rows.append((f"{other}'s final, {target:.4f}", who, D.fmt(it, "d"), D.fmt(loop)))
+    change = 100 * (a["final"][key] / b["final"][key] - 1)
     cost = a["per_iter_time"] / b["per_iter_time"]
-    head = f"**autocvi ends with the lower test loss** ({fa:.4f} vs {fb:.4f} for the best SVI, {best})."
-    if fa > fb:
-        head = (
-            f"**autocvi loses**: its final test loss {fa:.4f} is {100 * (fa / fb - 1):.1f}% above the best "
-            f"SVI setting's ({best}) {fb:.4f}, and each autocvi iteration costs {cost:.0f}x an Adam step."
-        )
-    loop = a["per_iter_time"] * a["num_steps"]
-    baselines = "\n".join(f"- {k}: {v:.4f}" for k, v in p["settings"]["baselines"].items())
-    return f"""{head} autocvi's final loss as a target: {reach(b, fa, "the best SVI")} (autocvi:
-{loop:.3g} s for its {a["num_steps"]} iterations). The best SVI's final loss as a target:
-{reach(a, fb, "autocvi")}. Step size: {p["settings"]["autocvi_step_size_note"]}.
+    baselines = "\n".join(f"- {k}: {v:.4f}" for k, v in st["baselines"].items())
+    return f"""autocvi's final test loss is {change:+.1f}% from the best SVI setting's ({best}); an
+autocvi iteration costs {cost:.0f}x an Adam step. Each one's final loss as the other's target:
+
+{D.md_table(("target", "run", "iterations to reach it", "loop s"), rows)}
+
+Step size: {st["autocvi_step_size_note"]}.
 
 Reference points (no inference or the truth):
 {baselines}
@@ -237,14 +222,13 @@ Reference points (no inference or the truth):
 
 def run(part, quick=False):
     st = {**SETTINGS[part], **(QUICK if quick else {})}
+    hyper = st["hyperparameters"]
     if quick and part == "gamma":
         st["test_num_draws"] = 500
     prob = PROBLEMS[part](st)
     key, label = prob["primary"], prob["secondary"]
     st.update(primary=key, secondary=label, baselines=prob["baselines"], likelihood=prob["shape"])
-    st["prior"] = "priors (shape, rate) " + ", ".join(
-        f"{k} = {v:g}" for k, v in st["hyperparameters"].items()
-    )
+    st["prior"] = "priors (shape, rate) " + ", ".join(f"{k} = {v:g}" for k, v in hyper.items())
     sites = ("Z", "W") if part == "poisson_gamma" else ("Z",)
 
     def lognormal(p):  # AutoNormal's q: Normal in the log space
@@ -259,7 +243,9 @@ def run(part, quick=False):
         "title": prob["title"] + (" **(--quick smoke test: not representative)**" if quick else ""),
         "model": model,
         "data": data,
-        "autocvi": [D.Entry(m, model, data, steps, grid, repeats=1, stepwise=True)],
+        "autocvi": [
+            D.Entry(m, model, data, steps, grid, repeats=st["autocvi_repeats"], stepwise=True)
+        ],
         "guides": {"": (AutoNormal, "AutoNormal", lognormal)},
         "score": lambda q: {k: float(v) for k, v in prob["metrics"](q).items()},
         "key": key[0],
@@ -269,10 +255,9 @@ def run(part, quick=False):
         "refine": ("svi", "autocvi"),
         "fit": False,
         "targets": False,
-        "scoring": f"Test loss: {st['test_loss']}; thresholds: test loss <= (1 + X) L*, L* = the "
+        "scoring": f"Test loss: {st['test_loss']}; thresholds: test loss <= (1 + X) L*, L* the "
         f"lowest final test loss of any method. autocvi: Gamma q per element, "
-        f"{st['autocvi_num_samples']} Monte Carlo draws per message; every iteration is one "
-        "`CVI.update` plus fetching its ELBO, timed one by one, run once. SVI: "
+        f"{st['autocvi_num_samples']} Monte Carlo draws per message, run once. SVI: "
         f"{st['svi_guide']}, Trace_ELBO.",
         "columns": [
             ("final test loss", D.at("final", key[0]), ".4f"),
@@ -291,15 +276,12 @@ def panels(p, key, secondary):
     hi = max(max(m[key[0]]) for m in methods.values())
     loss = {"log": "x", "ylim": (ref * 0.97, min(hi, ref * 1.6)), "ylabel": key[1]}
     loss["hlines"] = [(ref, "--")] + [(ref * (1 + d), ":") for d in p["settings"]["thresholds"]]
-    timed = {"xlabel": "wall-clock s (loop, compile excluded)", "legend": 0}
+    second = {"lines": D.metric_lines(methods, secondary[0], time=True), "ylabel": secondary[1]}
     return [
         {**loss, "lines": D.metric_lines(methods, key[0]), "xlabel": "iteration"},
-        {**loss, "lines": D.metric_lines(methods, key[0], time=True), **timed},
-        {"lines": D.metric_lines(methods, secondary[0], time=True), "log": "xy", **timed}
-        | {"ylabel": secondary[1]},
+        {**loss, "lines": D.metric_lines(methods, key[0], time=True), **D.TIMED_X},
+        {**second, "log": "xy", **D.TIMED_X},
     ]
 
 
-def main(argv=()):
-    for part in [a for a in argv if not a.startswith("-")] or list(PROBLEMS):
-        run(part, quick="--quick" in argv)
+main = D.main_of(run, PROBLEMS)

@@ -1,10 +1,6 @@
-"""GP classification: autocvi vs NumPyro SVI (AutoMultivariateNormal, AutoLowRankMultivariateNormal).
-
-``f ~ MultivariateNormal(0, K)`` (squared-exponential kernel), ``y ~ Bernoulli(logits=f)``,
-float64; ionosphere (log l, log sigma) = (1, 2.5) and sonar (-1, 6) with their shipped splits,
-digits 3 vs 5 (1.5, 2) on request. autocvi also runs minibatched on ionosphere and sonar (the
-same model with a subsampled plate, B = N/5, 5 passes). Every posterior also gets a test
-log-loss in bits through the GP conditional.
+"""GP classification, ``f ~ MultivariateNormal(0, K)``, ``y ~ Bernoulli(logits=f)`` in float64:
+autocvi (also minibatched, B = N/5) vs NumPyro SVI (:mod:`benchmarks.svi_comparison`), with a
+test log-loss in bits through the GP conditional.
 
     python -m benchmarks gp_classification[:ionosphere|:sonar|:digits35] [--quick]
 """
@@ -20,6 +16,7 @@ from numpyro.infer.autoguide import AutoLowRankMultivariateNormal, AutoMultivari
 
 from autocvi import datasets
 
+from . import driver as D
 from . import svi_comparison
 
 JITTER = 1e-5
@@ -47,7 +44,7 @@ def model_minibatch(K, y=None, batch_size=None):
 
 
 def log_loss_bits(mean, var, y):
-    """Mean of -log2 p(y*), p(y* = 1) = E[sigmoid(f*)], f* ~ N(mean, var) (32-node Gauss-Hermite)."""
+    """Mean of -log2 p(y*), p(y* = 1) = E[sigmoid(f*)], f* ~ N(mean, var) (32-node GH)."""
     f = mean[:, None] + jnp.sqrt(jnp.maximum(var, 0.0))[:, None] * GH_NODES[None, :]
     lp1 = jax.scipy.special.logsumexp(jax.nn.log_sigmoid(f), b=GH_WEIGHTS[None], axis=1)
     lp0 = jax.scipy.special.logsumexp(jax.nn.log_sigmoid(-f), b=GH_WEIGHTS[None], axis=1)
@@ -95,21 +92,17 @@ PER_DATASET = {  # autocvi iterations, minibatch variant, SVI guides
 }
 GUIDES = {"mvn": AutoMultivariateNormal, "lowrank": AutoLowRankMultivariateNormal}
 SETTINGS = {
+    **svi_comparison.DEFAULTS,
     "prior": "f ~ MultivariateNormal(0, K), squared-exponential K + 1e-5 sigma^2 I",
     "likelihood": "`Bernoulli(logits=f)` in a plate",
     "autocvi_num_samples": 16,
-    "autocvi_rng_key": 0,
     "autocvi_repeats": 1,
     "autocvi_score_every_until": 30,
     "autocvi_score_points": 25,
-    "svi_learning_rates": [1e-3, 1e-2, 5e-2],
     "svi_num_steps": 3000,
     "svi_repeats": 1,
-    "svi_rng_key": 0,
     "svi_grid_points": 25,
     "estimator_num_samples": 4096,
-    "estimator_rng_key": 12345,
-    "thresholds": [1.0, 0.1],
     "minibatch": "B = N/5, 5 passes",
     "test_metric_definition": "mean over test points of -log2 E_q[sigmoid(f*)], f* | f from the GP conditional, Gauss-Hermite",
 }
@@ -126,13 +119,12 @@ def run(name, quick=False):
 
     entry, k = svi_comparison.autocvi_entry, st["autocvi_num_samples"]
     entries = [entry(st, "autocvi", model, data, st["autocvi_num_steps"], num_samples=k)]
-    if minibatch:
+    if minibatch:  # B = N/5, 5 passes
         b = max(1, round(0.2 * n))
-        mb_data, mb_steps = dict(data, batch_size=b), int(np.ceil(5 * n / b))
-        m = entry(
-            st, f"autocvi-minibatch-{b}", model_minibatch, mb_data, mb_steps, b / n, num_samples=k
+        mb, steps = dict(data, batch_size=b), int(np.ceil(5 * n / b))
+        entries.append(
+            entry(st, f"autocvi-minibatch-{b}", model_minibatch, mb, steps, b / n, num_samples=k)
         )
-        entries.append(m)
     spec = {
         "name": f"gp_classification_{name}",
         "cmd": f"gp_classification:{name}",
@@ -147,6 +139,4 @@ def run(name, quick=False):
     return svi_comparison.run(spec, st)
 
 
-def main(argv=()):
-    for name in [a for a in argv if not a.startswith("-")] or ["ionosphere", "sonar"]:
-        run(name, quick="--quick" in argv)
+main = D.main_of(run, ["ionosphere", "sonar"])

@@ -1,17 +1,11 @@
-"""Bayesian logistic regression: autocvi vs NumPyro SVI, in three parts.
+"""Bayesian logistic regression, autocvi vs NumPyro SVI:
+``python -m benchmarks logistic_regression[:convergence|:table3|:wide] [--quick]``.
 
-``python -m benchmarks logistic_regression[:convergence|:table3|:wide] [--quick]``
-
-* ``convergence`` -- breast_cancer_scale (683 x 10 plus an intercept), ``w ~ N(0, I_11)``,
-  ``y ~ Bernoulli(logits=X @ w)``: autocvi (Gauss-Hermite; Monte Carlo messages) against SVI
-  (AutoMultivariateNormal, Adam at three rates, 20,000 steps), iterations and wall-clock to
-  1 and 0.1 nat of ELBO* (:mod:`benchmarks.svi_comparison`).
-* ``table3`` -- the CVI paper's Table 3 protocol: 5 random 50/50 splits, -ELBO on the training
-  half, test log-loss in bits and time, next to the paper's printed rows.
-* ``wide`` -- D > N (synthetic colon-cancer shape, N = 62, D = 2,000): autocvi's function-space
-  block against SVI (AutoNormal, AutoLowRankMultivariateNormal) in float32, every q scored by
-  its exact ELBO (quadrature on each predictor plus the closed-form Gaussian terms;
-  ``autocvi.BlockPosterior.predictive_moments`` and ``entropy`` for autocvi's q).
+* ``convergence``: breast_cancer_scale plus an intercept, ``w ~ N(0, I_11)``; iterations and
+  wall-clock to 1 and 0.1 nat of ELBO* (:mod:`benchmarks.svi_comparison`).
+* ``table3``: the CVI paper's Table 3 protocol (random 50/50 splits), next to its rows.
+* ``wide``: D > N (synthetic colon-cancer shape, N = 62, D = 2,000), autocvi's function-space
+  block against SVI in float32, every q scored by its exact ELBO.
 """
 
 from __future__ import annotations
@@ -93,20 +87,16 @@ def log_loss_bits(q, X, y):
 
 # ============================================================== convergence
 SETTINGS = {
+    **svi_comparison.DEFAULTS,
     "data": "breast_cancer_scale.npz (683 x 10, y in {2,4} -> (y-2)/2), intercept column added",
     "prior": "w ~ N(0, I), D = 11",
     "likelihood": "`Bernoulli(logits=X @ w)` in a plate",
     "autocvi_num_steps": 20,
     "autocvi_mc_num_steps": 60,
     "autocvi_num_samples": 16,
-    "autocvi_rng_key": 0,
-    "svi_learning_rates": [1e-3, 1e-2, 5e-2],
     "svi_num_steps": 20000,
-    "svi_rng_key": 0,
     "svi_grid_points": 40,
     "estimator_num_samples": 4096,
-    "estimator_rng_key": 12345,
-    "thresholds": [1.0, 0.1],
 }
 QUICK = {"autocvi_mc_num_steps": 30, "svi_num_steps": 2000}
 
@@ -155,14 +145,6 @@ PAPER_BREAST = [
     ("CVI-exact", "34.24", "0.138", "0.032s"),
     ("CVI", "34.15", "0.140", "0.021s"),
 ]
-PAPER_COLON = [
-    ("Chol", "18.26", "0.694", "93.229s"),
-    ("S&K Alg2", "18.26", "0.693", "6.142s"),
-    ("S&K FG", "18.26", "0.693", "0.026s"),
-    ("PG-exact", "18.25", "0.696", "0.052s"),
-    ("CVI-exact", "18.26", "0.698", "0.012s"),
-    ("CVI", "18.26", "0.698", "0.021s"),
-]
 LABELS = {
     "autocvi": "autocvi (Gauss-Hermite; paper's CVI-exact)",
     "autocvi-mc": "autocvi-mc (Monte Carlo; paper's CVI)",
@@ -178,9 +160,25 @@ def run_table3(quick=False):
         order = np.random.default_rng(seed).permutation(len(y))
         tr, te = order[:341], order[341:]
         train = {"X": jnp.asarray(X[tr]), "y": jnp.asarray(y[tr])}
+        runs = {}  # label -> (record, q, own -ELBO trace)
+        mc = D.AutocviMethod("autocvi-mc", use_quadrature=False)
+        for m, max_steps in ((D.AutocviMethod("autocvi"), 100), (mc, 500)):
+            print(f"[{NAME}:table3] split {seed}: {m.label}")
+            r = D.fit_timed(m, model, train, max_steps, st["timing_repeats"])
+            keys = ("converged", "loop_time", "setup_time", "compile_time", "setting")
+            rec = {k: r[k] for k in keys} | {"iterations": r["num_steps"]}
+            runs[m.label] = (rec, r["posterior"]["w"], -r["elbo_engine"])
+        if seed == first:
+            fit = D.timed_fit(model, train, rng_key=0)
+        for lr in st["svi_learning_rates"]:
+            m = D.SVIMethod(f"svi-mvn-adam-{lr:g}", AutoMultivariateNormal, Adam(lr), site="w")
+            print(f"[{NAME}:table3] split {seed}: {m.label}")
+            r = D.run(m, model, train, st["svi_num_steps"], keep=[], repeats=st["timing_repeats"])
+            rec = {"iterations": r.num_steps, "loop_time": r.per_iter_time * r.num_steps}
+            rec.update(setup_time=r.setup_time, compile_time=r.compile_time)
+            runs[m.label] = (rec, r.posterior_at(r.num_steps)["w"], -r.objective)
         est = D.ELBOEstimator(model, train, st["estimator_num_samples"], st["estimator_rng_key"])
-
-        def add(label, q, trace, rec, est=est, tr=tr, te=te, seed=seed):
+        for label, (rec, q, trace) in runs.items():
             v, se = est({"w": q})
             rec.update(split_seed=seed, method=label, neg_elbo=-v, neg_elbo_mc_se=se)
             rec["neg_elbo_quadrature"] = -exact_elbo(q, X[tr], y[tr])
@@ -190,26 +188,7 @@ def run_table3(quick=False):
                 per_iter = rec["loop_time"] / rec["iterations"]
                 traces[label] = {"neg_elbo": trace, "per_iter_time": per_iter}
             rows.append(rec)
-            return rec
-
-        mc = D.AutocviMethod("autocvi-mc", use_quadrature=False)
-        for m, max_steps in ((D.AutocviMethod("autocvi"), 100), (mc, 500)):
-            print(f"[{NAME}:table3] split {seed}: {m.label}")
-            r = D.fit_timed(m, model, train, max_steps, st["timing_repeats"])
-            keys = ("converged", "loop_time", "setup_time", "compile_time", "setting")
-            rec = {k: r[k] for k in keys} | {"iterations": r["num_steps"]}
-            add(m.label, r["posterior"]["w"], -r["elbo_engine"], rec)
-        if seed == first:
-            fit = D.timed_fit(model, train, rng_key=0)
-        svi = []
-        for lr in st["svi_learning_rates"]:
-            m = D.SVIMethod(f"svi-mvn-adam-{lr:g}", AutoMultivariateNormal, Adam(lr), site="w")
-            print(f"[{NAME}:table3] split {seed}: {m.label}")
-            r = D.run(m, model, train, st["svi_num_steps"], keep=[], repeats=st["timing_repeats"])
-            rec = {"iterations": r.num_steps, "loop_time": r.per_iter_time * r.num_steps}
-            rec.update(setup_time=r.setup_time, compile_time=r.compile_time)
-            svi.append(add(m.label, r.posterior_at(r.num_steps)["w"], -r.objective, rec))
-        best = min(svi, key=lambda r: r["neg_elbo"])
+        best = min(rows[-len(st["svi_learning_rates"]) :], key=lambda r: r["neg_elbo"])
         rows.append(dict(best, method="svi-best", selected=best["method"]))
     summary = {}  # method -> numeric field -> (mean, sd) over splits
     for method in dict.fromkeys(r["method"] for r in rows):
@@ -246,8 +225,7 @@ TABLE3_COLUMNS = [
 
 def table3_markdown(p):
     st, s, fit = p["settings"], p["summary"], p["autocvi_fit"]
-    n = len(st["split_seeds"])
-    cvi, best = s["autocvi"], s["svi-best"]
+    n, cvi, best = len(st["split_seeds"]), s["autocvi"], s["svi-best"]
     sel = [r["selected"] for r in p["rows"] if r["method"] == "svi-best"]
     sel = ", ".join(f"{k}: {sel.count(k)}" for k in dict.fromkeys(sel))
     mcse = max(m["neg_elbo_mc_se"][0] for m in s.values())
@@ -256,30 +234,25 @@ def table3_markdown(p):
 
 {D.env_line(p["environment"], "logistic_regression:table3")}
 
-Protocol (Khan & Lin 2017, Sec. 7, App. H Table 1 and App. I Table 3): {n} random 50/50
-splits of breast_cancer_scale (341 training points, 342 test points), prior `w ~ N(0, I)`,
-an intercept column added (D = 11; the paper lists D = 10). Reported: mean ± sd over the
-{n} splits of the negative ELBO on the training half (the paper's "Neg-Log-Lik"), the test
-log-loss in bits (`p = E_q[sigmoid(x^T w)]` by quadrature), iterations and time.
+Khan & Lin 2017 (Sec. 7, App. H Table 1, App. I Table 3): {n} random 50/50 splits (341
+training, 342 test points), `w ~ N(0, I)` with an intercept column (D = 11; the paper lists
+D = 10); mean ± sd over the splits of the -ELBO on the training half (the paper's
+"Neg-Log-Lik"), the test log-loss in bits (`E_q[sigmoid(x^T w)]` by quadrature) and time.
 
-* -ELBO: common Monte Carlo estimator ({st["estimator_num_samples"]} draws; mean standard
-  error at most {mcse:.4f} nat), checked against the exact ELBO of the Gaussian q (quadrature
-  plus closed-form Gaussian terms): largest difference {maxdiff:.4f} nat.
-* autocvi: {st["autocvi"]} (`benchmarks.driver.fit_timed`: the first call compiles the loop,
-  the fastest of {st["timing_repeats"]} more is the loop time); autocvi-mc: {st["autocvi_mc"]}.
-  `autocvi.fit` on split {st["split_seeds"][0]}: {fit["num_steps"]} iterations,
-  {fit["wall_time_including_compile"]:.2f} s in its loop including compilation,
-  {fit["total_call_time"]:.2f} s for the whole call.
-* SVI: {st["svi"]}, one compiled `lax.scan` (what `SVI.run` runs) per split and rate; the
-  rate with the best -ELBO is chosen per split ({sel}).
+* -ELBO: the common estimator, {st["estimator_num_samples"]} draws (standard error at most
+  {mcse:.4f} nat; at most {maxdiff:.4f} nat from the exact ELBO by quadrature).
+* autocvi: {st["autocvi"]}; autocvi-mc: {st["autocvi_mc"]}. The loop time is the fastest of
+  {st["timing_repeats"]} calls after one that compiles (`driver.fit_timed`). `autocvi.fit` on
+  split {st["split_seeds"][0]}: {fit["num_steps"]} iterations, {fit["total_call_time"]:.2f} s.
+* SVI: {st["svi"]}, the best -ELBO's rate per split ({sel}).
 
 ## Results (mean ± sd over {n} splits)
 
 {D.table(TABLE3_COLUMNS, {k: v for k, v in s.items() if k in LABELS})}
 
-Loop time, best SVI / autocvi: {best["loop_time"][0] / cvi["loop_time"][0]:.0f}x; including setup and compilation:
-{best["total_time"][0] / cvi["total_time"][0]:.2f}x. SVI runs a fixed budget (it has no convergence test), so its time is the
-budget's; the convergence part (`logistic_regression.md`) measures time to 1 and 0.1 nat.
+Loop time, best SVI / autocvi: {best["loop_time"][0] / cvi["loop_time"][0]:.0f}x; including
+setup and compilation: {best["total_time"][0] / cvi["total_time"][0]:.2f}x. SVI runs a fixed
+budget (it has no convergence test); `logistic_regression.md` has its time to 1 and 0.1 nat.
 
 Every SVI learning rate:
 
@@ -287,17 +260,15 @@ Every SVI learning rate:
 
 ## The paper's Table 3, breast-cancer-scale (N > D), as printed
 
-Their Neg-Log-Lik and log-loss are on their own split (D = 10, no intercept column mentioned);
-their times are "total time of convergence" on their machine and code (MATLAB). The table's
-colon-cancer rows report a log-loss of 0.693-0.698, i.e. ln 2 (a coin toss in *nats*), which
-suggests the paper's log-loss may be in nats despite its log2 formula; ours is in bits.
+On their own split, machine and code (MATLAB); their log-loss may be in nats (the colon-cancer
+rows' 0.693-0.698 is ln 2, a coin toss in nats), ours is in bits.
 
 {D.md_table(("method", "Neg-Log-Lik", "Log Loss", "Time"), PAPER_BREAST)}
 """
 
 
 def table3_panels(p):
-    lines, timed = [], []
+    lines, timed, scatter = [], [], []
     for label, t in p["traces_first_split"].items():
         svi, v = label.startswith("svi"), np.asarray(t["neg_elbo"], float)
         v, start = (np.convolve(v, np.ones(100) / 100, mode="valid"), 100) if svi else (v, 1)
@@ -307,9 +278,8 @@ def table3_panels(p):
     lo = min(v[-1] for _, v, _, _ in lines)
     obj = {"log": "xy", "ylim": (lo * 0.98, lo * 4)}
     obj["ylabel"] = "-ELBO, own objective (SVI: 100-step mean)"
-    rows, scatter = [r for r in p["rows"] if r["method"] != "svi-best"], []
-    for m in dict.fromkeys(r["method"] for r in rows):
-        mine = [r for r in rows if r["method"] == m]
+    for m in dict.fromkeys(r["method"] for r in p["rows"] if r["method"] != "svi-best"):
+        mine = [r for r in p["rows"] if r["method"] == m]
         scatter.append(
             ([r["neg_elbo"] for r in mine], [r["test_log_loss_bits"] for r in mine], m, None)
         )
@@ -317,13 +287,14 @@ def table3_panels(p):
     last.update(xlabel="-ELBO on the training half", ylabel="test log-loss (bits)")
     return [
         {**obj, "lines": lines, "xlabel": "iteration", "title": "split 0: objective per iteration"},
-        {**obj, "lines": timed, "xlabel": "wall-clock s (loop, compile excluded)", "legend": 0},
+        {**obj, "lines": timed, **D.TIMED_X},
         last,
     ]
 
 
 # ===================================================================== wide
 WIDE = {
+    **svi_comparison.DEFAULTS,
     "data": "synthetic, colon-cancer-shaped: N = 62 train + 62 test, D = 2000; x = sqrt(0.8) B z + "
     "sqrt(0.2) e (5 latent factors), columns standardised; 20 non-zero true weights scaled to "
     "sd(X w) = 3; numpy default_rng(0)",
@@ -331,28 +302,23 @@ WIDE = {
     "likelihood": "`Bernoulli(logits=X @ w)` in a plate; autocvi and all scoring in float64, SVI in float32 (numpyro's default)",
     "autocvi_num_steps": 40,
     "autocvi_repeats": 7,
-    "autocvi_rng_key": 0,
-    "svi_learning_rates": [1e-3, 1e-2, 5e-2],
     "svi_num_steps": 3000,
     "svi_grid_points": 30,
     "svi_grid_dense": 5,
-    "svi_repeats": 3,
-    "svi_rng_key": 0,
     "estimator_num_samples": 2048,
-    "estimator_rng_key": 12345,
-    "thresholds": [1.0, 0.1],
     "test_metric_definition": "mean over the 62 test points of -log2 E_q[sigmoid(x*^T w)], by quadrature",
 }
 LOWRANK = "AutoLowRankMultivariateNormal(init_loc_fn=init_to_mean, rank=10)"
 WIDE_QUICK = {"svi_num_steps": 1000, "svi_grid_points": 20, "estimator_num_samples": 1024}
-WIDE_NOTES = f"""
+WIDE_NOTES = """
 The posterior covariance is the prior's minus a rank-62 term: neither a diagonal nor a
 diagonal-plus-low-rank-PSD covariance represents it. The last column checks the exact ELBO
 against the common Monte Carlo estimator (autocvi's q drawn by Matheron's rule with its exact
-log density, `BlockPosterior.sample_with_log_prob`). For shape only (different data: the real
-colon-cancer set, 31 training points, prior variance 596.3623), the CVI paper's Table 3
-colon-cancer rows as printed (Neg-Log-Lik, Log Loss, Time):
-{"; ".join(f"{a} {b}, {c}, {d}" for a, b, c, d in PAPER_COLON)}.
+log density, `BlockPosterior.sample_with_log_prob`). For shape only (the real colon-cancer
+set, 31 training points, prior variance 596.3623), the CVI paper's Table 3 rows as printed
+(Neg-Log-Lik, Log Loss, Time): Chol 18.26, 0.694, 93.229s; S&K Alg2 18.26, 0.693, 6.142s;
+S&K FG 18.26, 0.693, 0.026s; PG-exact 18.25, 0.696, 0.052s; CVI-exact 18.26, 0.698, 0.012s;
+CVI 18.26, 0.698, 0.021s.
 """
 
 
@@ -421,8 +387,4 @@ def run_wide(quick=False):
 
 
 PARTS = {"convergence": run_convergence, "table3": run_table3, "wide": run_wide}
-
-
-def main(argv=()):
-    for part in [a for a in argv if not a.startswith("-")] or list(PARTS):
-        PARTS[part](quick="--quick" in argv)
+main = D.main_of(lambda part, quick: PARTS[part](quick), PARTS)

@@ -1,10 +1,6 @@
-"""Write ``docs/benchmarks.md`` from the benchmarks' result files.
-
-Every number on that page comes from ``benchmarks/results/*.md`` (the headline
-sections of each benchmark's own report), so ``python -m benchmarks`` (which
-runs this last) regenerates the page with the tables and plots; the text
-around them only describes protocols. ``tests/test_docs.py`` fails when the
-committed page differs from what this module renders.
+"""``docs/benchmarks.md`` from the benchmarks' results: the headline sections of each
+``benchmarks/results/<name>.md`` with its plot, between protocol texts
+(``tests/test_docs.py`` checks the committed page).
 
     python -m benchmarks report
 """
@@ -141,8 +137,7 @@ def _sections(markdown: str) -> dict[str, str]:
 
 
 def render(results: Path = D.RESULTS) -> str:
-    parts = [INTRO.rstrip()]
-    missing = []
+    parts, missing = [INTRO.rstrip()], []
     for title, text, name in SECTIONS:
         md_path = results / f"{name}.md"
         if not md_path.exists():

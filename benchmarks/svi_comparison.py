@@ -1,12 +1,8 @@
-"""autocvi against NumPyro SVI (autoguides, Adam at several learning rates) on one model: the
-experiment ``logistic_regression:convergence|wide``, ``gp_classification`` and
-``factor_models`` declare.
-
-Every posterior (autocvi on its grid; SVI on a log grid, refined around each threshold
-crossing by exact replay) is scored by one scorer, the common Monte Carlo ELBO unless the spec
-gives another (an exact ELBO, a test loss); the reference is the best final value of any
-method (``autocvi.fit`` included), and each threshold's first iteration and loop time are
-compared with the best SVI setting's in the "Ratios" table.
+"""autocvi against NumPyro SVI (autoguides, Adam at several learning rates) on one model, the
+experiment that ``logistic_regression:convergence|wide``, ``gp_classification`` and
+``factor_models`` declare: every posterior scored by one scorer (the common Monte Carlo ELBO
+unless the spec gives another), the reference the best final value of any method, and each
+threshold's first iteration and loop time compared with the best SVI setting's ("Ratios").
 """
 
 from __future__ import annotations
@@ -16,37 +12,39 @@ from numpyro.optim import Adam
 
 from . import driver as D
 
-TIMING_TEXT = """An iteration is one CVI sweep or one Adam step. Loop times exclude
-compilation and setup (reported separately), both sides timed as their own loops run
-(`benchmarks/driver.py`): autocvi's per-iteration time is `CVI.run`'s compiled loop (the loop
-`autocvi.fit` runs) divided by its iterations, in brackets one `CVI.update` call with its ELBO
-fetched, as a Python loop sees it (no brackets: timed one `CVI.update` at a time); SVI's is its
-`lax.scan` of `svi.update` (the loop `SVI.run` runs) divided by {svi_num_steps}. Fastest of the
-repeats. SVI thresholds are the first step within them: a log grid of {svi_grid_points} steps,
-refined between the grid points around the first hit down to single steps by exact replay."""
+DEFAULTS = {  # the settings every declaring benchmark starts from
+    "autocvi_rng_key": 0,
+    "autocvi_repeats": 3,
+    "svi_learning_rates": [1e-3, 1e-2, 5e-2],
+    "svi_rng_key": 0,
+    "svi_repeats": 3,
+    "estimator_rng_key": 12345,
+    "thresholds": [1.0, 0.1],
+}
 
-
-def autocvi_grid(st, steps):
-    """Every iteration up to ``autocvi_score_every_until``, then a log grid."""
-    until = min(steps, st.get("autocvi_score_every_until", steps))
-    points = D.log_grid(steps, st.get("autocvi_score_points", 40), 0)
-    return sorted(set(range(until + 1)) | set(points))
+TIMING_TEXT = """An iteration is one CVI sweep or one Adam step. Loop times exclude compilation
+and setup (`benchmarks/README.md`): autocvi's is `CVI.run`'s compiled loop per iteration (in
+brackets one `CVI.update` with its ELBO fetched; no brackets: timed one `CVI.update` at a
+time), SVI's its `lax.scan` of `svi.update` over {svi_num_steps} steps; fastest of the repeats.
+SVI's first step within a threshold: a log grid of {svi_grid_points} steps, refined by replay."""
 
 
 def autocvi_entry(st, label, model, data, steps, passes=1.0, **options):
-    """autocvi (``CVI(model, **options)``) for ``steps`` iterations, scored on its grid."""
-    m, grid = D.AutocviMethod(label, **options), autocvi_grid(st, steps)
-    return D.Entry(m, model, data, steps, grid, passes, repeats=st.get("autocvi_repeats", 3))
+    """autocvi (``CVI(model, **options)``) for ``steps`` iterations, scored at every iteration
+    up to ``autocvi_score_every_until``, then on a log grid."""
+    until = min(steps, st.get("autocvi_score_every_until", steps))
+    points = D.log_grid(steps, st.get("autocvi_score_points", 40), 0)
+    grid = sorted(set(range(until + 1)) | set(points))
+    m = D.AutocviMethod(label, **options)
+    return D.Entry(m, model, data, steps, grid, passes, repeats=st["autocvi_repeats"])
 
 
 def run(spec: dict, st: dict) -> dict:
     """``spec``: name, cmd, title, model, data, autocvi (a list of :class:`driver.Entry`),
     guides (label -> constructor, or (constructor, description, posterior_fn)), site; optional:
-    score (q -> dict; default the common estimator: "elbo", "se", "test"), key ("elbo"),
-    higher, relative, unit ("nat" or "%"), scoring (its description), test_metric (label, fn
-    of q), svi_float32, fit (False: no ``autocvi.fit``), targets (the issue's), mc_check (the
-    common estimator for autocvi's and the best SVI's final q), columns, panels, text (after
-    the tables). ``st``: the settings (quick overrides applied)."""
+    score (q -> dict; default the common estimator), key, higher, relative, refine, unit ("nat"
+    or "%"), scoring (its description), test_metric (label, fn of q), svi_float32, fit,
+    targets, mc_check, columns, panels, text. ``st``: the settings."""
     model, data, key = spec["model"], spec["data"], spec.get("key", "elbo")
     if "score" not in spec or spec.get("mc_check"):
         est = D.ELBOEstimator(model, data, st["estimator_num_samples"], st["estimator_rng_key"])
@@ -67,7 +65,7 @@ def run(spec: dict, st: dict) -> dict:
             label = f"svi-{g}-adam-{lr:g}" if g else f"svi-adam-{lr:g}"
             m = D.SVIMethod(label, make, Adam(lr), rng_key=st["svi_rng_key"], setting=setting)
             m.site, m.posterior_fn, m.float32 = spec.get("site"), post, f32
-            entries.append(D.Entry(m, model, data, n_svi, grid, repeats=st.get("svi_repeats", 3)))
+            entries.append(D.Entry(m, model, data, n_svi, grid, repeats=st["svi_repeats"]))
     fit, also = None, []
     if spec.get("fit", True):
         print(f"[{spec['name']}] autocvi.fit with defaults")
@@ -75,9 +73,8 @@ def run(spec: dict, st: dict) -> dict:
         fit["score"] = score(fit["_result"].posterior)
         also = [fit["score"][key]]
     opts = {k: spec[k] for k in ("higher", "relative", "refine") if k in spec}
-    methods, ref = D.experiment(
-        entries, score, key=key, thresholds=st["thresholds"], also=also, **opts
-    )
+    thresholds = st["thresholds"]
+    methods, ref = D.experiment(entries, score, key=key, thresholds=thresholds, also=also, **opts)
     if spec.get("mc_check"):
         svis = [k for k, m in methods.items() if m["kind"] == "svi"]
         for label in ("autocvi", max(svis, key=lambda k: methods[k]["final"][key])):
@@ -114,16 +111,15 @@ def summary(p, targets) -> dict:
         out[thr] = o
     if targets:
 
-        def at_least(o, k, bound):
-            v = o[k] if o[k] is not None else o.get(k + "_lower_bound")
+        def at_least(k, bound):
+            v = out["1.0"][k] if out["1.0"][k] is not None else out["1.0"].get(k + "_lower_bound")
             return v is not None and v >= bound
 
+        reached = [m["hits"]["0.1"]["iterations"] is not None for m in (cvi, *svis.values())]
         out["targets"] = {
-            ">=50x fewer iterations to 1 nat": at_least(out["1.0"], "iteration_ratio", 50),
-            ">=10x less wall-clock (loop) to 1 nat": at_least(out["1.0"], "loop_time_ratio", 10),
-            "autocvi reaches 0.1 nat where SVI does not": cvi["hits"]["0.1"]["iterations"]
-            is not None
-            and all(m["hits"]["0.1"]["iterations"] is None for m in svis.values()),
+            ">=50x fewer iterations to 1 nat": at_least("iteration_ratio", 50),
+            ">=10x less wall-clock (loop) to 1 nat": at_least("loop_time_ratio", 10),
+            "autocvi reaches 0.1 nat where SVI does not": reached[0] and not any(reached[1:]),
         }
     return out
 
@@ -139,9 +135,8 @@ def _ratio(k, spec=".1f"):
 
 
 def ratio_columns(unit):
-    label = (lambda t: f"{float(t):g} nat") if unit == "nat" else (lambda t: f"{100 * float(t):g}%")
     return [
-        ("threshold", lambda thr, o: label(thr), None),
+        ("threshold", lambda thr, o: D.threshold_label(thr, unit), None),
         ("best SVI", "best_svi", None),
         ("SVI iters", D.at("svi", "iterations"), "d"),
         ("autocvi iters", D.at("autocvi", "iterations"), "d"),
@@ -167,30 +162,27 @@ def _mc(label, m):
 
 def markdown(spec, p) -> str:
     st, methods, fi = p["settings"], p["methods"], p["autocvi_fit_defaults"]
+    test = p["test_metric_label"]
     unit = spec.get("unit", "nat")
     cols = [*D.METHOD_COLUMNS, *D.hit_columns(st["thresholds"], unit)]
     cols += spec.get("columns", ELBO_COLUMNS)
     if spec.get("mc_check"):
         cols.append(("final ELBO, common MC estimator (± se)", _mc, None))
     cols += D.TIMING_COLUMNS
-    if p["test_metric_label"]:
-        cols.append((f"final {p['test_metric_label']}", D.at("final", "test"), ".4f"))
     variants = [k for k, m in methods.items() if m["kind"] == "autocvi" and k != "autocvi"]
     notes = [f"`{k}`: {methods[k]['setting']}." for k in variants]
-    if p["test_metric_label"]:
-        notes.append(f"Test metric: {p['test_metric_label']} ({st['test_metric_definition']}).")
+    if test:
+        cols.append((f"final {test}", D.at("final", "test"), ".4f"))
+        notes.append(f"Test metric: {test} ({st['test_metric_definition']}).")
     scoring = spec.get("scoring") or (
         f"Every posterior is scored by one estimator: {st['estimator_num_samples']} draws of q "
         "(shared key), numpyro `log_density` minus `log q`."
     )
-    name = "ELBO" if unit == "nat" else "L"
-    ref = f"Reference **{name}\\* = {p['reference']:.4f}**, the best final value of any method"
-    ref += ", `autocvi.fit` included." if fi else "."
+    ref = f"Reference **{'ELBO' if unit == 'nat' else 'L'}\\* = {p['reference']:.4f}**, the best "
+    ref += "final value of any method" + (", `autocvi.fit` included." if fi else ".")
     ratios = {thr: p["summary"][thr] for thr in map(str, st["thresholds"])}
-    targets = "".join(
-        f"\n- {k}: **{'met' if v else 'not met'}**"
-        for k, v in p["summary"].get("targets", {}).items()
-    )
+    targets = p["summary"].get("targets", {}).items()
+    targets = "".join(f"\n- {k}: **{'met' if v else 'not met'}**" for k, v in targets)
     fit = "" if fi is None else D.fit_line(fi, f"ELBO {fi['score']['elbo']:.4f} by the same scorer")
     return f"""# {p["title"]}: autocvi vs NumPyro SVI
 
@@ -215,15 +207,15 @@ def markdown(spec, p) -> str:
 
 
 def elbo_panels(p) -> list:
-    methods, ref = p["methods"], p["reference"]
+    methods, ref, test = p["methods"], p["reference"], p["test_metric_label"]
     xlabel = "passes through the data (= iterations, full batch)"
     out = D.gap_panels(methods, ref, "elbo", "ELBO* - ELBO(q) [nats; floor 1e-3]", "passes", xlabel)
     lines = D.objective_lines(methods)
     out.append({"lines": lines, "log": "x", "ylim": (ref - 40, ref + 5), "hlines": [(ref, "--")]})
     out[-1].update(xlabel="iteration", ylabel="per-iteration objective trace")
-    if p["test_metric_label"]:
-        lines = D.metric_lines(methods, "test", x="passes")
+    if test:
         lo = np.nanmin([v for m in methods.values() for v in m["test"] if v is not None])
+        lines = D.metric_lines(methods, "test", x="passes")
         out.append({"lines": lines, "log": "x", "ylim": (lo - 0.02, lo + 0.5), "legend": 0})
-        out[-1].update(xlabel="passes", ylabel=p["test_metric_label"])
+        out[-1].update(xlabel="passes", ylabel=test)
     return out
