@@ -43,3 +43,24 @@ def test_an_ill_conditioned_q_still_raises_the_error_that_names_the_fix():
     model, data = MODELS["uncentred_year_regression"]()
     with pytest.raises(autocvi.IllConditionedError, match="x64"):
         autocvi.fit(model, data, progress_bar=False)
+
+
+def test_compiled_posterior_validates_its_arguments_as_numpyro_does_by_default():
+    """The program is traced with validation off (NumPyro's checks cannot run on
+    tracers and cost a compile per mask); the distributions handed to the user must
+    still validate as NumPyro's default says: out-of-support values warn or raise."""
+    import numpyro.distributions as dist
+
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(40, 3)).astype(np.float32)
+    y = (X @ np.array([1.0, -1.0, 0.5]) + 0.5 * rng.normal(size=40)).astype(np.float32)
+    r = autocvi.fit(regression, {"X": jnp.asarray(X), "y": jnp.asarray(y)}, progress_bar=False)
+    for name, q in posterior_of(r.schedule, r.state).items():
+        inner = q
+        while inner is not None:
+            assert inner._validate_args == dist.Distribution._validate_args, name
+            inner = getattr(inner, "base_dist", None)
+    # and validation really runs: sigma's q has positive support
+    if dist.Distribution._validate_args:
+        with pytest.warns(UserWarning, match="Out-of-support"):
+            posterior_of(r.schedule, r.state)["sigma"].log_prob(-1.0)

@@ -257,7 +257,8 @@ def choose_start(model, data: dict, graph: FactorGraph, groups: list[JointGroup]
     labelled += [("the centre", centre), ("the traced prior draw", current)]
     candidates = [{**current, **v} for _, v in labelled]
     try:
-        stacked = {n: jnp.stack([jnp.asarray(c[n]) for c in candidates]) for n in current}
+        # numpy: jnp.stack outside a program compiles per site
+        stacked = {n: np.stack([np.asarray(c[n]) for c in candidates]) for n in current}
         # One compiled program: evaluated op by op, every primitive of the model
         # compiled on its own (seconds of a cold plan).
         batched = structural_jit(jax.vmap(lambda v: log_density(model, (), data, v)[0]))

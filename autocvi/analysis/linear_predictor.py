@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Jaxpr
 
-from ..jaxpr import CUSTOM_DERIVATIVE, PLAIN_CALLS, bind, call_body, interpret
+from ..jaxpr import CUSTOM_DERIVATIVE, PLAIN_CALLS, bind, call_body, interpret, structural_jit
 
 __all__ = ["LinearPredictor", "find_linear_predictor"]
 
@@ -502,7 +502,8 @@ def _numeric_elementwise_ok(eta_fn, rest_fn, values, shape) -> bool:
     tangents = tangents.reshape((len(pos), *shape))
     noise = rng.randn(*shape)
 
-    @jax.jit
+    # structural_jit, not jax.jit: a new closure per plan would recompile on every refit
+    @structural_jit
     def coupled(vals):
         eta0 = eta_fn(vals)
         t = jnp.asarray(tangents, dtype=eta0.dtype)

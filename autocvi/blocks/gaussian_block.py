@@ -450,11 +450,13 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
     def log_prior(x):
         return sum(jnp.sum(fn(at(x))) for fn in prior_fns)
 
-    probe = jax.random.normal(jax.random.PRNGKey(11), (dim,), dtype)
+    # The probes and the checks on their results are numpy: jnp on constants outside
+    # a compiled program compiles each small op on its own (half a second of a cold plan).
+    probe = np.random.RandomState(11).standard_normal(dim).astype(dtype)
     rel = 1e-8 if dtype == jnp.float64 else 1e-4
-    colours = jnp.arange(dim) % 3
-    directions = jnp.stack(
-        [probe, jnp.ones_like(x0)] + [(colours == c).astype(dtype) for c in range(3)]
+    colours = np.arange(dim) % 3
+    directions = np.stack(
+        [probe, np.ones(dim, dtype)] + [(colours == c).astype(dtype) for c in range(3)]
     )
 
     # Every probe of the prior in one compiled program: evaluated op by op, each
@@ -465,29 +467,30 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
         h, hvp = jax.linearize(grad, x0)
         return h, -jax.vmap(hvp)(directions)
 
-    h, products = prior_probes(directions)
+    h, products = (np.asarray(x) for x in prior_probes(directions))
     if lay.whitening is not None:
         # The site's own MultivariateNormal prior on the whitened variable:
         # N(0, I) exactly, whatever the conditioning of K (not read numerically,
         # which float32 could not do for an ill-conditioned kernel).
-        q_ones, q_probe, h = jnp.ones_like(x0), probe, jnp.zeros_like(x0)
-        tol = jnp.asarray(1.0, dtype)
+        q_ones, q_probe, h = np.ones(dim, dtype), probe, np.zeros(dim, dtype)
+        tol = 1.0
     else:
         q_probe, q_ones = products[0], products[1]
-        tol = rel * (1.0 + jnp.max(jnp.abs(q_probe)))
-    diagonal = bool(jnp.all(jnp.abs(q_ones * probe - q_probe) <= tol)) and bool(jnp.all(q_ones > 0))
+        tol = rel * (1.0 + np.max(np.abs(q_probe)))
+    diagonal = bool(np.all(np.abs(q_ones * probe - q_probe) <= tol)) and bool(np.all(q_ones > 0))
     tridiagonal = None
     if not diagonal and dim >= 3:
-        idx = jnp.arange(dim)
+        idx = np.arange(dim)
         stacked = products[2:]  # (3, D): the precision times each colour's indicator
         q_diag = stacked[idx % 3, idx]
-        q_off = jnp.where(idx > 0, stacked[(idx - 1) % 3, idx], 0.0)
-        q_up = jnp.concatenate([q_off[1:], jnp.zeros((1,), dtype)])
-        shifted_down = jnp.concatenate([jnp.zeros((1,), dtype), probe[:-1]])
-        shifted_up = jnp.concatenate([probe[1:], jnp.zeros((1,), dtype)])
+        q_off = np.where(idx > 0, stacked[(idx - 1) % 3, idx], 0.0).astype(dtype)
+        q_up = np.concatenate([q_off[1:], np.zeros((1,), dtype)])
+        shifted_down = np.concatenate([np.zeros((1,), dtype), probe[:-1]])
+        shifted_up = np.concatenate([probe[1:], np.zeros((1,), dtype)])
         recon = q_diag * probe + q_off * shifted_down + q_up * shifted_up
-        if bool(jnp.all(jnp.abs(recon - q_probe) <= tol)):
-            tridiagonal = (q_diag, q_off)
+        if bool(np.all(np.abs(recon - q_probe) <= tol)):
+            tridiagonal = (jnp.asarray(q_diag), jnp.asarray(q_off))
+    h, q_ones = jnp.asarray(h), jnp.asarray(q_ones)
     dense = None
     if not diagonal and tridiagonal is None:
         dense = _dense_prior(log_prior, x0, probe, rel)
@@ -519,9 +522,9 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
 
         a = None
         if b.shape[0] == dim:
-            a_try, lin = along[0], along[1]
-            if bool(jnp.all(jnp.abs(a_try * probe - lin) <= rel * (1 + jnp.max(jnp.abs(lin))))):
-                a = a_try
+            a_try, lin = np.asarray(along[0]), np.asarray(along[1])
+            if bool(np.all(np.abs(a_try * probe - lin) <= rel * (1 + np.max(np.abs(lin))))):
+                a = along[0]
         if A is None and a is None:
             return None
         terms.append(_Term(fname, eta_shape, rest, A=A, a=a, b=b))
@@ -534,23 +537,26 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
         return GaussianBlock(name, "markov", tuple(exact), tuple(terms), lay, dim, prior)
     if any(t.A is None for t in terms):
         return None
+    # The block's constants in numpy (no op-by-op compiles), handed on as jax arrays.
+    A = np.concatenate([np.asarray(t.A) for t in terms])
+    b = np.concatenate([np.asarray(t.b) for t in terms])
     if dense is not None:
         m0, L0, Q0 = dense
-        A = jnp.concatenate([t.A for t in terms])
-        b = jnp.concatenate([t.b for t in terms])
-        prior = {"m0": m0, "L0": L0, "Q0": Q0, "At": A @ L0, "mf": A @ m0 + b}
+        L0_np = np.asarray(L0)
+        prior = {"m0": m0, "L0": L0, "Q0": Q0, "At": A @ L0_np, "mf": A @ np.asarray(m0) + b}
+        prior = {k: jnp.asarray(v) for k, v in prior.items()}
         return GaussianBlock(name, "weight-space", tuple(exact), tuple(terms), lay, dim, prior)
     if not diagonal:
         return None
-    sd0 = 1.0 / jnp.sqrt(q_ones)
-    m0 = h / q_ones
-    A = jnp.concatenate([t.A for t in terms])
-    b = jnp.concatenate([t.b for t in terms])
+    q_ones_np, h_np = np.asarray(q_ones), np.asarray(h)
+    sd0 = 1.0 / np.sqrt(q_ones_np)
+    m0 = h_np / q_ones_np
     prior = {"m0": m0, "sd0": sd0, "At": A * sd0[None, :], "mf": A @ m0 + b}
     solver = "function-space" if (lay.whitening is not None or num_sites < dim) else "weight-space"
     if solver == "function-space":
         # The predictors' prior covariance, formed once (every solve needs it).
         prior["K"] = prior["At"] @ prior["At"].T
+    prior = {k: jnp.asarray(v) for k, v in prior.items()}
     return GaussianBlock(name, solver, tuple(exact), tuple(terms), lay, dim, prior)
 
 
@@ -569,18 +575,23 @@ def _dense_prior(log_prior, x0, probe, rel):
     dim = x0.shape[0]
     if dim > _MAX_DENSE_PRIOR:
         return None
-    hess = structural_jit(jax.hessian(log_prior))  # compiled once, evaluated twice
-    H0 = hess(x0)
-    Q0 = -0.5 * (H0 + H0.T)
-    Q1 = -hess(x0 + probe)
-    if not bool(jnp.all(jnp.abs(Q1 - Q0) <= rel * (1.0 + jnp.max(jnp.abs(Q0))))):
+
+    @structural_jit  # one program: op by op, each step would compile on its own
+    def moments(x0, probe):
+        H0 = jax.hessian(log_prior)(x0)
+        Q0 = -0.5 * (H0 + H0.T)
+        Q1 = -jax.hessian(log_prior)(x0 + probe)
+        R = jnp.linalg.cholesky(Q0)
+        m0 = jax.scipy.linalg.cho_solve((R, True), jax.grad(log_prior)(x0))
+        L0 = jax.scipy.linalg.solve_triangular(R, jnp.eye(dim, dtype=R.dtype), lower=True).T
+        return Q0, Q1, R, m0, L0
+
+    Q0, Q1, R, m0, L0 = moments(x0, jnp.asarray(probe, x0.dtype))
+    Q0_np = np.asarray(Q0)
+    if not bool(np.all(np.abs(np.asarray(Q1) - Q0_np) <= rel * (1.0 + np.max(np.abs(Q0_np))))):
         return None
-    R = jnp.linalg.cholesky(Q0)
-    if not bool(jnp.all(jnp.isfinite(R))):
+    if not bool(np.all(np.isfinite(np.asarray(R)))):
         return None
-    h = jax.grad(log_prior)(x0)
-    m0 = jax.scipy.linalg.cho_solve((R, True), h)
-    L0 = jax.scipy.linalg.solve_triangular(R, jnp.eye(dim, dtype=R.dtype), lower=True).T
     return m0, L0, Q0
 
 

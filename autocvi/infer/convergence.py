@@ -21,6 +21,7 @@ every problem that makes the answer untrustworthy.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass, field
 
@@ -181,7 +182,7 @@ def diagnose(
             continue
         lay = layouts[name]
         if lay.q_family in ("Normal", "MultivariateNormal"):
-            mean, second = lay.fam.natural_to_mean(lam)
+            mean, second = _compiled(lay.fam.natural_to_mean)(lam)
             if lay.q_family == "Normal":
                 var = np.asarray(second - mean**2)
             else:
@@ -208,6 +209,12 @@ def diagnose(
         if spread > float(noise_limit(tail.mean())):
             d.noisy = spread
     return d
+
+
+@functools.cache
+def _compiled(fn):
+    # one program per family and shape: op by op, a Cholesky's steps compile on their own
+    return jax.jit(fn)
 
 
 def report(d: Diagnostics, num_steps: int) -> None:

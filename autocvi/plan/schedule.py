@@ -36,7 +36,7 @@ from ..analysis.joint import choose_start, find_joint_groups, joint_model
 from ..analysis.layout import LatentLayout
 from ..analysis.linear_predictor import find_linear_predictor
 from ..blocks.gaussian_block import find_block
-from ..jaxpr import dce
+from ..jaxpr import dce, structural_jit
 from ..model.graph import EdgeInfo, FactorGraph, PlateInfo, _format_table
 from ..model.message_kinds import EXACT, FISHER, GAUSS_HERMITE, MESSAGE_KINDS, MONTE_CARLO
 
@@ -564,23 +564,28 @@ def _couples_elements(fplan: FactorPlan, latent, layouts, values, params, key) -
     term of the factor multiplies two elements of ``latent`` (DESIGN.md sec. 5).
     """
     lay = layouts[latent]
-    mu = lay.fam.natural_to_mean(_reference_natural(lay, key))
     fixed = {**params, **{k: v for k, v in values.items() if k != latent}}
-    shared = moment_point_set(lay, mu, fplan.alignments[latent])
-    nodes, _ = lay.fam.moment_nodes(mu)
-    p = nodes.shape[0]
-    elem_shape = lay.family_shape[: lay.weight_ndim]
-    perm = jnp.argsort(jax.random.uniform(jax.random.fold_in(key, 1), (p,) + elem_shape), axis=0)
-    perm = perm.reshape(perm.shape + (1,) * (nodes.ndim - perm.ndim))
-    shuffled = jnp.take_along_axis(nodes, jnp.broadcast_to(perm, nodes.shape), axis=0)
-    mixed = PointSet(lay.to_site(shuffled), shared.weights)
-    both = jax.jit(
-        lambda: (
+
+    # One compiled program (a new closure per plan: structural_jit, not jax.jit):
+    # op by op, each step compiled on its own (a second of a mixture's cold plan).
+    @structural_jit
+    def shared_and_mixed(key):
+        mu = lay.fam.natural_to_mean(_reference_natural(lay, key))
+        shared = moment_point_set(lay, mu, fplan.alignments[latent])
+        nodes, _ = lay.fam.moment_nodes(mu)
+        p = nodes.shape[0]
+        elem_shape = lay.family_shape[: lay.weight_ndim]
+        u = jax.random.uniform(jax.random.fold_in(key, 1), (p,) + elem_shape)
+        perm = jnp.argsort(u, axis=0)
+        perm = perm.reshape(perm.shape + (1,) * (nodes.ndim - perm.ndim))
+        shuffled = jnp.take_along_axis(nodes, jnp.broadcast_to(perm, nodes.shape), axis=0)
+        mixed = PointSet(lay.to_site(shuffled), shared.weights)
+        return (
             expect(fplan.log_density, {latent: shared}, fixed),
             expect(fplan.log_density, {latent: mixed}, fixed),
         )
-    )
-    e1, e2 = both()
+
+    e1, e2 = shared_and_mixed(key)
     scale = 1.0 + abs(float(e1))
     return not bool(np.isfinite(float(e1))) or abs(float(e1) - float(e2)) > 1e-5 * scale
 
