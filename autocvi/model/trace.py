@@ -25,7 +25,7 @@ from numpyro.distributions import Distribution, MaskedDistribution, constraints
 from numpyro.infer.initialization import init_to_median, init_to_sample, init_to_uniform
 
 from ..families.base import unwrap_distribution
-from ..jaxpr import has_sub_jaxpr, interpret, structural_jit, used_inputs
+from ..jaxpr import has_sub_jaxpr, interpret, used_inputs
 from .coordinates import MEMBER_FLAG, JointCoordinates
 from .graph import FactorGraph, FactorNode, ParamNode, PlateInfo, VariableNode
 
@@ -412,42 +412,30 @@ def prior_candidates(
     """
     data = dict(data or {})
     seed = int(rng_key) if isinstance(rng_key, int) else rng_key
+    draws: dict[str, Any] = {}
 
-    def run():
-        draws: dict[str, Any] = {}
-
-        def median_keeping_draws(site):
-            if site["type"] != "sample" or site["is_observed"] or _is_factor_site(site):
-                return None
-            try:
-                rng_key = site["kwargs"].get("rng_key")
-                sample_shape = tuple(site["kwargs"].get("sample_shape") or ())
-                samples = site["fn"](rng_key=rng_key, sample_shape=(num_samples, *sample_shape))
-            except NotImplementedError:  # no sampler (ImproperUniform): NumPyro's fallback
-                value = init_to_uniform(site)
-                samples = jnp.broadcast_to(value, (num_samples, *jnp.shape(value)))
-            draws[site["name"]] = samples
-            # the median by one sort (jnp.median's quantile machinery compiles slowly)
-            ordered = jnp.sort(samples, axis=0)
-            return 0.5 * (ordered[(num_samples - 1) // 2] + ordered[num_samples // 2])
-
-        model_trace, _ = _run_model(model, data, seed, median_keeping_draws)
-        median = {
-            name: site["value"]
-            for name, site in model_trace.items()
-            if site["type"] == "sample" and not site["is_observed"] and not _is_factor_site(site)
-        }
-        return median, draws
+    def median_keeping_draws(site):
+        if site["type"] != "sample" or site["is_observed"] or _is_factor_site(site):
+            return None
+        try:
+            rng_key = site["kwargs"].get("rng_key")
+            sample_shape = tuple(site["kwargs"].get("sample_shape") or ())
+            samples = site["fn"](rng_key=rng_key, sample_shape=(num_samples, *sample_shape))
+        except NotImplementedError:  # no sampler (ImproperUniform): NumPyro's fallback
+            value = init_to_uniform(site)
+            samples = jnp.broadcast_to(value, (num_samples, *jnp.shape(value)))
+        draws[site["name"]] = samples
+        return jnp.median(samples, axis=0)
 
     try:
-        # One compiled program: run eagerly, every op of the model and of the
-        # samplers compiles on its own (about half a second of a cold plan).
-        median, draws = structural_jit(run)()
-    except Exception:  # noqa: BLE001 - a model jit cannot trace (Python control flow on values)
-        try:
-            median, draws = run()
-        except ModelError:
-            return []
+        model_trace, _ = _run_model(model, data, seed, median_keeping_draws)
+    except ModelError:
+        return []
+    median = {
+        name: site["value"]
+        for name, site in model_trace.items()
+        if site["type"] == "sample" and not site["is_observed"] and not _is_factor_site(site)
+    }
     return [median] + [{n: v[k] for n, v in draws.items()} for k in range(num_samples)]
 
 
