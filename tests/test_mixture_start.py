@@ -6,6 +6,9 @@ clusters; with Dirichlet(1) random responsibilities, single starts with seeds
 merged. From the k-means start every single start finds the six true centres.
 """
 
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +19,9 @@ import pytest
 import autocvi
 from autocvi.engine.init import _kmeans_pp_responsibilities, _observed_rows
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from zoo.models import isotropic_gaussian_mixture  # noqa: E402
+
 K = 6
 _RS = np.random.RandomState(0)
 CENTRES = _RS.uniform(-6, 6, size=(K, 2))
@@ -23,16 +29,8 @@ LABELS = _RS.choice(K, 600)
 Y = CENTRES[LABELS] + 0.5 * _RS.randn(600, 2)
 
 
-def mixture(y):
-    N, D = y.shape
-    w = numpyro.sample("w", dist.Dirichlet(jnp.ones(K)))
-    with numpyro.plate("K", K):
-        locs = numpyro.sample("locs", dist.Normal(0.0, 5.0).expand([D]).to_event(1))
-        prec = numpyro.sample("prec", dist.Gamma(2.0, 1.0))
-    with numpyro.plate("n", N):
-        z = numpyro.sample("z", dist.Categorical(w))
-        scale = (1.0 / jnp.sqrt(prec[z]))[:, None]
-        numpyro.sample("y", dist.Normal(locs[z], scale).to_event(1), obs=y)
+# the zoo's iris mixture, with six components and wider location priors
+mixture = isotropic_gaussian_mixture(K=K, loc_scale=5.0)
 
 
 def _matched_error(found, truth):

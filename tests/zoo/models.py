@@ -275,21 +275,25 @@ def _iris_petals():
 def iris_mixture():
     """3-component Gaussian mixture on standardised iris petal length/width, with
     explicit discrete assignments z, and an isotropic precision per component."""
-    y = _iris_petals()
+    return isotropic_gaussian_mixture(K=3, loc_scale=3.0), {"y": _iris_petals()}
+
+
+def isotropic_gaussian_mixture(K: int, loc_scale: float):
+    """A K-component Gaussian mixture with explicit assignments z and an isotropic
+    precision per component, as users write it (also used by tests/test_mixture_start.py)."""
 
     def model(y):
         N, D = y.shape
-        K = 3
         weights = numpyro.sample("weights", dist.Dirichlet(jnp.ones(K)))
         with numpyro.plate("K", K):
-            locs = numpyro.sample("locs", dist.Normal(0.0, 3.0).expand([D]).to_event(1))
+            locs = numpyro.sample("locs", dist.Normal(0.0, loc_scale).expand([D]).to_event(1))
             prec = numpyro.sample("prec", dist.Gamma(2.0, 1.0))
         with numpyro.plate("n", N):
             z = numpyro.sample("z", dist.Categorical(weights))
             scale = (1.0 / jnp.sqrt(prec[z]))[:, None]
             numpyro.sample("y", dist.Normal(locs[z], scale).to_event(1), obs=y)
 
-    return model, {"y": y}
+    return model
 
 
 def iris_mixture_marginal():
