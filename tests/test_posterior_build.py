@@ -1,4 +1,4 @@
-"""``FitResult.posterior`` is built by one compiled program; the eager build is the oracle."""
+"""The compiled programs of a fit (posterior build, final iterate average) against their eager oracles."""
 
 import sys
 from pathlib import Path
@@ -64,3 +64,36 @@ def test_compiled_posterior_validates_its_arguments_as_numpyro_does_by_default()
     if dist.Distribution._validate_args:
         with pytest.warns(UserWarning, match="Out-of-support"):
             posterior_of(r.schedule, r.state)["sigma"].log_prob(-1.0)
+
+
+def test_final_iterate_average_by_the_loop_program_equals_average_iterates():
+    """``fit`` averages the last iterates with the compiled chunk runner (so the step is
+    compiled once); the oracle is :func:`average_iterates`, the plain scan that sums the
+    natural parameters after each of 2 * WINDOW steps."""
+    from autocvi.engine.step import cvi
+    from autocvi.infer.fit import (
+        _WINDOW,
+        _chunk_average,
+        _chunk_runner,
+        _natural,
+        average_iterates,
+    )
+
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(40, 3)).astype(np.float32)
+    y = (X @ np.array([1.0, -1.0, 0.5]) + 0.5 * rng.normal(size=40)).astype(np.float32)
+    r = autocvi.fit(regression, {"X": jnp.asarray(X), "y": jnp.asarray(y)}, progress_bar=False)
+    algorithm = cvi(r.schedule)
+    assert not r.schedule.deterministic  # Monte Carlo messages: averaging applies
+    runner = _chunk_runner(algorithm.step, 1e-4, False, False, _natural)
+    got = _chunk_average(runner, r.state)
+    want = average_iterates(algorithm.step, r.state, 2 * _WINDOW)
+    moved = False
+    for a, b, start in zip(
+        jax.tree_util.tree_leaves(got.natural),
+        jax.tree_util.tree_leaves(want.natural),
+        jax.tree_util.tree_leaves(r.state.natural),
+    ):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+        moved = moved or not np.allclose(np.asarray(a), np.asarray(start), rtol=1e-6, atol=0)
+    assert moved  # the average is over new iterates, not the state handed in
