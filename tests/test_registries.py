@@ -130,3 +130,29 @@ def test_block_solvers_implement_the_protocol():
 def test_at_most_one_family_matches(d):
     """Families declare their matches; the declarations never overlap."""
     assert sum(f.matches(d) for f in families.FAMILIES.values()) <= 1
+
+
+# One prior per family, batched over 2 x 3 draws: its natural parameter fixes the layout.
+_BATCHED_PRIOR = {
+    "Normal": dist.Normal(0.0, 1.0).expand([2, 3]),
+    "MultivariateNormal": dist.MultivariateNormal(jnp.zeros(3), jnp.eye(3)).expand([2]),
+    "Gamma": dist.Gamma(2.0, 1.0).expand([2, 3]),
+    "Beta": dist.Beta(2.0, 2.0).expand([2, 3]),
+    "Dirichlet": dist.Dirichlet(jnp.ones(3)).expand([2]),
+    "Categorical": dist.Categorical(logits=jnp.zeros(4)).expand([2, 3]),
+    "Bernoulli": dist.Bernoulli(logits=0.0).expand([2, 3]),
+}
+
+
+@pytest.mark.parametrize("name", list(families.FAMILIES))
+def test_reference_natural_is_valid_in_the_prior_layout(name):
+    """The planner's probes read q from ``Family.reference_natural``: it must lie in the natural
+    domain with exactly the layout ``natural_from_prior`` gives (a family added without an
+    entry here fails the KeyError, one with a wrong layout the shape check)."""
+    fam, prior = families.FAMILIES[name], _BATCHED_PRIOR[name]
+    expected = families.natural_from_prior(prior)
+    shape = (2, 3)  # a draw of the family's layout (Categorical: K separately)
+    lam = fam.reference_natural(jax.random.PRNGKey(0), shape, num_categories=4)
+    assert [jnp.shape(x) for x in lam] == [jnp.shape(x) for x in expected]
+    assert bool(jnp.all(fam.is_valid(lam)))
+    assert jnp.all(jnp.isfinite(jax.tree.leaves(fam.natural_to_mean(lam))[0]))

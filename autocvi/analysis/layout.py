@@ -88,6 +88,10 @@ class LatentLayout:
     def discrete(self) -> bool:
         return self.q_family in ("Categorical", "Bernoulli")
 
+    def reference_natural(self, rng_key) -> tuple:
+        """The family's reference natural parameter in this layout (structural probes)."""
+        return self.fam.reference_natural(rng_key, self.family_shape, self.num_categories)
+
     @property
     def uniform_weights(self) -> bool:
         """Moment-node weights are equal across elements (all continuous families)."""

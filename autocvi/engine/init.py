@@ -15,7 +15,7 @@ import numpy as np
 
 from ..analysis.expectations import expect, moment_point_set
 from ..model.message_kinds import EXACT
-from ..plan.schedule import Schedule, _plate_examples, _reference_natural
+from ..plan.schedule import Schedule, _plate_examples
 
 __all__ = ["initial_natural"]
 
@@ -63,7 +63,7 @@ def initial_natural(schedule: Schedule, rng_key) -> dict:
         def expected(mu, lay=lay, fplan=fplan, align=align, fixed=fixed, name=name):
             return expect(fplan.log_density, {name: moment_point_set(lay, mu, align)}, fixed)
 
-        ref = lay.fam.natural_to_mean(_reference_natural(lay, sub))
+        ref = lay.fam.natural_to_mean(lay.reference_natural(sub))
         lam = jax.grad(expected)(ref)
         # Gaussian nodes with estimated messages start at the prior mean with at
         # most unit variance (a prior draw, or the prior's spread, can put the

@@ -28,7 +28,7 @@ from ..analysis.expectations import GH_NODES as _GH_NODES
 from ..analysis.expectations import GH_WEIGHTS as _GH_WEIGHTS
 from ..analysis.expectations import PointSet, expect, moment_point_set, point_mass
 from ..model.message_kinds import EXACT, FISHER, GAUSS_HERMITE, MESSAGE_KINDS, MONTE_CARLO
-from ..plan.schedule import FactorPlan, Schedule, _reference_natural
+from ..plan.schedule import FactorPlan, Schedule
 from .init import initial_natural
 
 __all__ = ["CVIState", "CVIInfo", "CVIAlgorithm", "cvi", "expected_log_factor", "vmp_message"]
@@ -269,7 +269,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                 fplan = factors[fname]
                 if kind == EXACT.name and fplan.latents == (i,) and not fplan.subsampled:
                     lay = layouts[i]
-                    mu_ref = lay.fam.natural_to_mean(_reference_natural(lay, ref_key))
+                    mu_ref = lay.fam.natural_to_mean(lay.reference_natural(ref_key))
                     out[f"{fname}->{i}"] = exact_message(fplan, i, {}, {i: mu_ref}, ref_key, params)
         return out
 

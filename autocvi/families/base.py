@@ -57,6 +57,9 @@ class Family(NamedTuple):
     matches: (
         Callable  # numpyro Distribution -> bool: a prior of this family (isinstance, event dims)
     )
+    # (rng_key, shape, num_categories=None) -> lam: a fixed valid natural parameter for draws
+    # of ``shape`` (the planner's structural probes)
+    reference_natural: Callable
     # (lam, target, beta) -> lam: a step towards ``target`` that stays in the natural
     # domain whatever ``target`` is (None: the engine halves beta until valid instead)
     domain_preserving_step: Callable | None = None

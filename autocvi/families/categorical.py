@@ -117,4 +117,11 @@ def matches(d):
     return isinstance(unwrap_distribution(d), (dist.CategoricalProbs, dist.CategoricalLogits))
 
 
+def reference_natural(rng_key, shape, num_categories=None):
+    """A fixed valid natural parameter for draws of shape ``shape`` (random locations where
+    the family has them), for the planner's structural probes: the answers must not depend
+    on a particular q, only on the family's layout."""
+    return (jnp.zeros(tuple(shape) + (num_categories,)),)
+
+
 Categorical = family_from_namespace("Categorical", 0, globals())

@@ -191,4 +191,13 @@ def matches(d):
     return isinstance(base, dist.MultivariateNormal)
 
 
+def reference_natural(rng_key, shape, num_categories=None):
+    """A fixed valid natural parameter for draws of shape ``shape`` (random locations where
+    the family has them), for the planner's structural probes: the answers must not depend
+    on a particular q, only on the family's layout."""
+    d = shape[-1]
+    prec = jnp.broadcast_to(jnp.eye(d), tuple(shape) + (d,))
+    return (jax.random.normal(rng_key, shape), -0.5 * prec)
+
+
 MultivariateNormal = family_from_namespace("MultivariateNormal", 1, globals())

@@ -136,4 +136,11 @@ def matches(d):
     return isinstance(unwrap_distribution(d), dist.Normal) and len(d.event_shape) == 0
 
 
+def reference_natural(rng_key, shape, num_categories=None):
+    """A fixed valid natural parameter for draws of shape ``shape`` (random locations where
+    the family has them), for the planner's structural probes: the answers must not depend
+    on a particular q, only on the family's layout."""
+    return (jax.random.normal(rng_key, shape), -0.5 * jnp.ones(shape))
+
+
 Normal = family_from_namespace("Normal", 0, globals())

@@ -570,7 +570,7 @@ def _couples_elements(fplan: FactorPlan, latent, layouts, values, params, key) -
     # op by op, each step compiled on its own (a second of a mixture's cold plan).
     @structural_jit
     def shared_and_mixed(key):
-        mu = lay.fam.natural_to_mean(_reference_natural(lay, key))
+        mu = lay.fam.natural_to_mean(lay.reference_natural(key))
         shared = moment_point_set(lay, mu, fplan.alignments[latent])
         nodes, _ = lay.fam.moment_nodes(mu)
         p = nodes.shape[0]
@@ -588,25 +588,3 @@ def _couples_elements(fplan: FactorPlan, latent, layouts, values, params, key) -
     e1, e2 = shared_and_mixed(key)
     scale = 1.0 + abs(float(e1))
     return not bool(np.isfinite(float(e1))) or abs(float(e1) - float(e2)) > 1e-5 * scale
-
-
-def _reference_natural(lay: LatentLayout, key):
-    """A random valid natural parameter of the right shape (for structural checks)."""
-    shape = lay.family_shape
-    name = lay.q_family
-    if name == "Normal":
-        return (jax.random.normal(key, shape), -0.5 * jnp.ones(shape))
-    if name == "MultivariateNormal":
-        d = shape[-1]
-        return (jax.random.normal(key, shape), -0.5 * jnp.broadcast_to(jnp.eye(d), shape + (d,)))
-    if name == "Gamma":
-        return (jnp.ones(shape), -jnp.ones(shape))
-    if name == "Beta":
-        return (jnp.ones(shape), jnp.ones(shape))
-    if name == "Dirichlet":
-        return (jnp.ones(shape),)
-    if name == "Categorical":
-        return (jnp.zeros(shape + (lay.num_categories,)),)
-    if name == "Bernoulli":
-        return (jnp.zeros(shape),)
-    raise ValueError(name)
