@@ -39,86 +39,69 @@ over autocvi's cost. Loop times exclude compilation; setup and compile times are
 full reports. Timings vary with the machine's load (recorded in each JSON).
 """
 
-# (heading, protocol text, result name); of each report the sections whose headings start
-# with one of COPIED are copied, in the report's order, with its plot.
+# Of each report the sections whose headings start with one of COPIED are copied, in the
+# report's order, with its plot, under the heading and protocol text declared here: paragraphs
+# of "<result name>: <heading>" and the text.
 COPIED = ("Ratios", "All methods", "Result", "The paper", "Headline")
-SECTIONS = [
-    (
-        "Logistic regression: convergence (CVI paper Sec. 7 data)",
-        "breast_cancer_scale (683 x 10, intercept added), `w ~ N(0, I)`, D = 11: a weight-space "
-        "Gaussian block with Gauss-Hermite messages (`autocvi`), the same engine with Monte Carlo "
-        "messages (`autocvi-mc`), and NumPyro SVI with AutoMultivariateNormal and Adam at three "
-        "learning rates.",
-        "logistic_regression",
-    ),
-    (
-        "Logistic regression: the CVI paper's Table 3 protocol",
-        "Random 50/50 splits; -ELBO on the training half, test log-loss and time for "
-        'autocvi with Gauss-Hermite ("CVI-exact"), autocvi with Monte Carlo gradients, '
-        "and SVI (AutoMultivariateNormal + Adam, best of three learning rates), next to the "
-        "paper's printed numbers.",
-        "logistic_regression_table3",
-    ),
-    (
-        "Logistic regression with D > N (colon-cancer shape)",
-        "Synthetic data shaped like the colon-cancer set of KL-prox Table 2 (N = 62, D = 2000): "
-        "autocvi's function-space block (no D x D matrix) against SVI with Adam.",
-        "logistic_regression_wide",
-    ),
-    (
-        "GP classification: ionosphere (PG-SVI Sec. 7.1, Fig. 2)",
-        "`f ~ MultivariateNormal(0, K)`, `y ~ Bernoulli(logits=f)`, squared-exponential kernel "
-        "at the papers' hyperparameters, float64. autocvi full batch (a function-space Gaussian "
-        "block), autocvi minibatched (a subsampled plate: the dense engine), NumPyro SVI with "
-        "AutoMultivariateNormal and AutoLowRankMultivariateNormal. The fourth panel is the test "
-        "log-loss against passes through the data.",
-        "gp_classification_ionosphere",
-    ),
-    (
-        "GP classification: sonar",
-        "The same at sonar's published hyperparameters (log l, log sigma) = (-1, 6): a nearly "
-        "diagonal kernel with variance e^12, where every method predicts close to 0.5 on the "
-        "test set and autocvi's line-searched steps need a few hundred iterations.",
-        "gp_classification_sonar",
-    ),
-    (
-        "GP classification: hyperparameters by the ELBO (KL-prox Table 3 protocol), ionosphere",
-        "Random 50/50 splits; all 225 points of the papers' (log l, log sigma) grid fitted per "
-        "split, the highest ELBO chosen, test log-loss reported next to the published numbers.",
-        "gp_hyperparameters_ionosphere",
-    ),
-    (
-        "GP classification: hyperparameters by the ELBO, sonar",
-        "As above, for sonar.",
-        "gp_hyperparameters_sonar",
-    ),
-    (
-        "Gaussian mixture: autocvi's VMP against BayesPy and SVI",
-        "iris, 3 components, conjugate priors: every message is exact, so CVI is VMP. BayesPy "
-        "runs VMP on the same mean-field family; SVI enumerates z (TraceEnum_ELBO).",
-        "gaussian_mixture",
-    ),
-    (
-        "Poisson-gamma matrix factorisation (CVI paper App. K)",
-        "scikit-learn digits pixel counts standing in for MNIST; Gamma posteriors with "
-        "Fisher-route natural-gradient messages against SVI (AutoNormal, Adam); test "
-        "reconstruction loss against time.",
-        "factor_models_poisson_gamma",
-    ),
-    (
-        "Gamma factor model (CVI paper App. J)",
-        "Synthetic data from the model; the same comparison.",
-        "factor_models_gamma",
-    ),
-    (
-        "Time to first answer: cold and warm fits against SVI (issue 14)",
-        "The model zoo, each model in a fresh process on one core: autocvi's first `fit` "
-        "(trace, plan, compilation, loop) and a second one, against SVI's compile time and "
-        "its compiled loop to within 1 nat of the better optimum. Produced by the zoo's runs "
-        "(`python -m benchmarks cold_start`).",
-        "cold_start",
-    ),
-]
+SECTIONS_TEXT = """
+logistic_regression: Logistic regression: convergence (CVI paper Sec. 7 data)
+breast_cancer_scale (683 x 10, intercept added), `w ~ N(0, I)`, D = 11: a weight-space Gaussian
+block with Gauss-Hermite messages (`autocvi`), the same engine with Monte Carlo messages
+(`autocvi-mc`), and NumPyro SVI with AutoMultivariateNormal and Adam at three learning rates.
+
+logistic_regression_table3: Logistic regression: the CVI paper's Table 3 protocol
+Random 50/50 splits; -ELBO on the training half, test log-loss and time for autocvi with
+Gauss-Hermite ("CVI-exact"), autocvi with Monte Carlo gradients, and SVI (AutoMultivariateNormal
++ Adam, best of three learning rates), next to the paper's printed numbers.
+
+logistic_regression_wide: Logistic regression with D > N (colon-cancer shape)
+Synthetic data shaped like the colon-cancer set of KL-prox Table 2 (N = 62, D = 2000): autocvi's
+function-space block (no D x D matrix) against SVI with Adam.
+
+gp_classification_ionosphere: GP classification: ionosphere (PG-SVI Sec. 7.1, Fig. 2)
+`f ~ MultivariateNormal(0, K)`, `y ~ Bernoulli(logits=f)`, squared-exponential kernel at the
+papers' hyperparameters, float64. autocvi full batch (a function-space Gaussian block), autocvi
+minibatched (a subsampled plate: the dense engine), NumPyro SVI with AutoMultivariateNormal and
+AutoLowRankMultivariateNormal. The fourth panel is the test log-loss against passes through the
+data.
+
+gp_classification_sonar: GP classification: sonar
+The same at sonar's published hyperparameters (log l, log sigma) = (-1, 6): a nearly diagonal
+kernel with variance e^12, where every method predicts close to 0.5 on the test set and
+autocvi's line-searched steps need a few hundred iterations.
+
+gp_hyperparameters_ionosphere: GP classification: hyperparameters by the ELBO (KL-prox Table 3 protocol), ionosphere
+Random 50/50 splits; all 225 points of the papers' (log l, log sigma) grid fitted per split, the
+highest ELBO chosen, test log-loss reported next to the published numbers.
+
+gp_hyperparameters_sonar: GP classification: hyperparameters by the ELBO, sonar
+As above, for sonar.
+
+gaussian_mixture: Gaussian mixture: autocvi's VMP against BayesPy and SVI
+iris, 3 components, conjugate priors: every message is exact, so CVI is VMP. BayesPy runs VMP on
+the same mean-field family; SVI enumerates z (TraceEnum_ELBO).
+
+factor_models_poisson_gamma: Poisson-gamma matrix factorisation (CVI paper App. K)
+scikit-learn digits pixel counts standing in for MNIST; Gamma posteriors with Fisher-route
+natural-gradient messages against SVI (AutoNormal, Adam); test reconstruction loss against time.
+
+factor_models_gamma: Gamma factor model (CVI paper App. J)
+Synthetic data from the model; the same comparison.
+
+cold_start: Time to first answer: cold and warm fits against SVI (issue 14)
+The model zoo, each model in a fresh process on one core: autocvi's first `fit` (trace, plan,
+compilation, loop) and a second one, against SVI's compile time and its compiled loop to within
+1 nat of the better optimum. Produced by the zoo's runs (`python -m benchmarks cold_start`).
+"""
+
+
+def _section(paragraph: str) -> tuple[str, str, str]:
+    first, *text = paragraph.split("\n")
+    name, heading = first.split(": ", 1)
+    return heading, " ".join(text), name
+
+
+SECTIONS = [_section(p) for p in SECTIONS_TEXT.strip().split("\n\n")]
 
 OUTRO = """## Accuracy against the exact posterior
 
