@@ -99,3 +99,23 @@ def test_refit_on_new_data_reuses_the_compiled_loop_and_is_right(rng_key):
         np.testing.assert_allclose(
             np.asarray(warm.posterior[site].mean), np.asarray(cold.posterior[site].mean), rtol=1e-5
         )
+
+
+def test_run_once_programs_compute_the_same_and_are_kept_apart():
+    """``runs_once`` compiles at a lower XLA optimisation level: the same values (the oracle is
+    the default program), and never served for a default-compiled request or vice versa."""
+    clear_program_cache()
+    data = jnp.asarray(np.random.RandomState(1).normal(size=50), jnp.float32)
+    x = jnp.float32(0.3)
+    fast = structural_jit(_closure(data), runs_once=True)(x)
+    default = structural_jit(_closure(data))(x)
+    for a, b in zip(fast, default):
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-6)
+    assert program_cache_info()["misses"] == 2
+
+    @structural_jit(runs_once=True)  # the decorator form
+    def g(x):
+        return _closure(data)(x)
+
+    np.testing.assert_allclose(np.array(g(x)[0]), np.array(default[0]), rtol=1e-6)
+    assert program_cache_info()["hits"] == 1

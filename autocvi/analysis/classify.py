@@ -19,11 +19,10 @@ __all__ = ["classify_graph", "latent_layouts", "trace"]
 
 def latent_layouts(graph: FactorGraph) -> dict[str, LatentLayout]:
     """The :class:`LatentLayout` of every latent site, in model order."""
-    values = graph.example_values
     layouts = {}
     for name in graph.latent_names:
         var = graph.variables[name]
-        prior, value = graph.site_fn(name)(values)
+        prior, value = graph.example_site(name)
         plate_axes = {len(var.batch_shape) + p.dim for p in var.plates}
         own = graph.factors[name]
         constant = own.latents == (name,) and not own.params

@@ -210,7 +210,7 @@ def find_joint_groups(
         built, offset = [], 0
         for n in members:
             var = graph.variables[n]
-            prior_support = graph.site_fn(n)(graph.example_values)[0].support
+            prior_support = graph.example_site(n)[0].support
             transform = None if prior_support is constraints.real else biject_to(prior_support)
             if isinstance(prior_support, constraints.independent) and (
                 prior_support.base_constraint is constraints.real
@@ -261,7 +261,9 @@ def choose_start(model, data: dict, graph: FactorGraph, groups: list[JointGroup]
         stacked = {n: np.stack([np.asarray(c[n]) for c in candidates]) for n in current}
         # One compiled program: evaluated op by op, every primitive of the model
         # compiled on its own (seconds of a cold plan).
-        batched = structural_jit(jax.vmap(lambda v: log_density(model, (), data, v)[0]))
+        batched = structural_jit(
+            jax.vmap(lambda v: log_density(model, (), data, v)[0]), runs_once=True
+        )
         values = np.asarray(batched(stacked), dtype=float)
     except Exception:  # noqa: BLE001 - a model vmap cannot batch: one run per candidate
         values = np.array([_log_density_or_nan(model, data, c) for c in candidates])

@@ -503,7 +503,7 @@ def _numeric_elementwise_ok(eta_fn, rest_fn, values, shape) -> bool:
     noise = rng.randn(*shape)
 
     # structural_jit, not jax.jit: a new closure per plan would recompile on every refit
-    @structural_jit
+    @structural_jit(runs_once=True)
     def coupled(vals):
         eta0 = eta_fn(vals)
         t = jnp.asarray(tangents, dtype=eta0.dtype)

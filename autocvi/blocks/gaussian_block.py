@@ -461,7 +461,7 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
 
     # Every probe of the prior in one compiled program: evaluated op by op, each
     # primitive of the factors compiles on its own (seconds of a cold plan).
-    @structural_jit
+    @structural_jit(runs_once=True)
     def prior_probes(directions):
         grad = jax.grad(log_prior)
         h, hvp = jax.linearize(grad, x0)
@@ -508,7 +508,7 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
         size = int(np.prod(eta_shape))
         with_jacobian = size * dim <= _MAX_JACOBIAN
 
-        @structural_jit
+        @structural_jit(runs_once=True)
         def predictor_probes(directions, f=eta_flat, with_jacobian=with_jacobian):
             # b, the derivatives along (ones, probe), and (if small enough) the Jacobian
             b, jvp = jax.linearize(f, x0)
@@ -576,7 +576,7 @@ def _dense_prior(log_prior, x0, probe, rel):
     if dim > _MAX_DENSE_PRIOR:
         return None
 
-    @structural_jit  # one program: op by op, each step would compile on its own
+    @structural_jit(runs_once=True)  # one program: op by op, each step would compile on its own
     def moments(x0, probe):
         H0 = jax.hessian(log_prior)(x0)
         Q0 = -0.5 * (H0 + H0.T)

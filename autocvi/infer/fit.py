@@ -220,7 +220,7 @@ def fit(
         # Discrete latents (mixtures, topics) have many fixed points.
         discrete = any(n.layout.discrete for n in schedule.nodes.values())
         num_restarts = 3 if discrete and init_state is None else 1
-    init = structural_jit(algorithm.init)
+    init = structural_jit(algorithm.init, runs_once=True)
     # Compiled once and shared by the restarts (a jit per restart recompiled).
     shift = None if exact or subsampled else gaussian_shift(schedule)
     # With estimated messages the runner also averages q over its chunk: the
@@ -413,7 +413,7 @@ def elbo_estimator(algorithm, num_estimates: int = 64):
         keys = jax.random.split(jax.random.fold_in(state.rng_key, 1), num_estimates)
         return jnp.mean(jax.lax.map(lambda key: algorithm.elbo(state, key), keys))
 
-    return structural_jit(mean_estimate)
+    return structural_jit(mean_estimate, runs_once=True)
 
 
 def _natural(state):
@@ -526,7 +526,7 @@ def gaussian_shift(schedule: Schedule):
     if not names:
         return None
 
-    @structural_jit
+    @structural_jit(runs_once=True)
     def shift(a, b):
         worst = jnp.zeros(())
         for n in names:
@@ -563,9 +563,9 @@ def posterior_of(schedule: Schedule, state) -> dict:
             # its constant masks computed eagerly (half a second of small compiles on a
             # cold fit) and nothing checkable on tracers; ``ok`` makes the check instead.
             with numpyro.validation_enabled(False):
-                out, ok = structural_jit(lambda natural: _checked_posterior_of(schedule, natural))(
-                    state.natural
-                )
+                out, ok = structural_jit(
+                    lambda natural: _checked_posterior_of(schedule, natural), runs_once=True
+                )(state.natural)
             out = {k: _default_validation(d) for k, d in out.items()}
         except Exception:  # noqa: BLE001 - not a pytree of arrays: built eagerly below
             out, ok = None, False

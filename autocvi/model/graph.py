@@ -155,6 +155,9 @@ class FactorGraph:
     # density. Set by the tracer; not part of the printed graph.
     _site_fn_builder: Callable[[str], Callable] | None = field(default=None, repr=False)
     _example_values: dict[str, Any] = field(default_factory=dict, repr=False)
+    # One eager run of the model at the example values, shared by the analyses that read
+    # sites' distributions (each eager run of a model with a lax.scan compiles the scan).
+    _example_trace: dict | None = field(default=None, repr=False, compare=False)
 
     # ------------------------------------------------------------------ access
     @property
@@ -180,6 +183,14 @@ class FactorGraph:
         params = {n: self._example_values[n] for n in self.params}
         tr = self._site_fn_builder.run(params, rng_key=rng_key)
         return {n: tr[n]["value"] for n in self.latent_names}
+
+    def example_site(self, name: str) -> tuple:
+        """``(distribution, value)`` of site ``name`` at :attr:`example_values` (as
+        ``site_fn(name)(example_values)``, from one run of the model per graph)."""
+        if self._example_trace is None:
+            self._example_trace = self._site_fn_builder.run(self._example_values)
+        site = self._example_trace[name]
+        return site["fn"], site["value"]
 
     def factors_of(self, latent: str) -> tuple[str, ...]:
         """Names of the factors whose density depends on ``latent``."""

@@ -239,6 +239,7 @@ def trace_model(
         params=params,
         _site_fn_builder=builder,
         _example_values=example,
+        _example_trace=model_trace,  # the run that drew the example values
     )
     _check_improper_priors(graph)
     return graph

@@ -568,7 +568,7 @@ def _couples_elements(fplan: FactorPlan, latent, layouts, values, params, key) -
 
     # One compiled program (a new closure per plan: structural_jit, not jax.jit):
     # op by op, each step compiled on its own (a second of a mixture's cold plan).
-    @structural_jit
+    @structural_jit(runs_once=True)
     def shared_and_mixed(key):
         mu = lay.fam.natural_to_mean(lay.reference_natural(key))
         shared = moment_point_set(lay, mu, fplan.alignments[latent])

@@ -10,6 +10,8 @@ Both return an :class:`EdgeVerdict`.
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import os
 import weakref
 from dataclasses import dataclass, field
@@ -516,7 +518,41 @@ def _other_values_verdict(entry, leaves, tpos, spec, target, site_name, first):
     return EdgeVerdict(True, stats, reason, first.param_forms)
 
 
+# Verdicts by what determines them: the factor's jaxpr, its constants (the data) and the
+# example values. A second plan of the same model and data (a refit, ``fit`` after ``plan``)
+# reuses them: the abstract interpretation of a scan's body is most of a warm plan.
+_VERDICTS: collections.OrderedDict = collections.OrderedDict()
+_VERDICTS_KEPT = 512
+
+
+def _digest(arrays) -> str | None:
+    """A hash of the arrays' dtypes, shapes and bytes (None when one cannot be read)."""
+    h = hashlib.blake2b(digest_size=16)
+    for x in arrays:
+        try:
+            a = np.asarray(x)
+        except Exception:  # noqa: BLE001 - e.g. typed PRNG keys: such a verdict is not kept
+            return None
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
 def _classify(entry, leaves, tpos, spec, target, site_name) -> EdgeVerdict:
+    digest = _digest([*entry[1], *leaves])
+    key = digest and (str(entry[0]), tuple(entry[2]), digest, tpos, spec.name, target, site_name)
+    if key is not None and key in _VERDICTS:
+        _VERDICTS.move_to_end(key)
+        return _VERDICTS[key]
+    verdict = _classify_uncached(entry, leaves, tpos, spec, target, site_name)
+    if key is not None:
+        _VERDICTS[key] = verdict
+        if len(_VERDICTS) > _VERDICTS_KEPT:
+            _VERDICTS.popitem(last=False)
+    return verdict
+
+
+def _classify_uncached(entry, leaves, tpos, spec, target, site_name) -> EdgeVerdict:
     bad = _check_discrete(spec, leaves[tpos], target)
     if bad is not None:
         return bad
