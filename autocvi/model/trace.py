@@ -25,7 +25,7 @@ from numpyro.distributions import Distribution, MaskedDistribution, constraints
 from numpyro.infer.initialization import init_to_median, init_to_sample, init_to_uniform
 
 from ..families.base import unwrap_distribution
-from ..jaxpr import has_sub_jaxpr, interpret, used_inputs
+from ..jaxpr import has_sub_jaxpr, interpret, structural_jit, used_inputs
 from .coordinates import MEMBER_FLAG, JointCoordinates
 from .graph import FactorGraph, FactorNode, ParamNode, PlateInfo, VariableNode
 
@@ -134,9 +134,31 @@ class _InitialValues(numpyro.primitives.Messenger):
             return
         if msg["fn"].support.is_discrete or isinstance(msg["fn"], JointCoordinates):
             return  # discrete sites are drawn; a joint group's start is set by its planner
-        value = self.init_strategy(msg)
+        if self.init_strategy in _FALLBACK_STRATEGIES:
+            value = _compiled_draw(lambda site: self.init_strategy(site), msg)
+        else:  # a user's strategy may have side effects: run as given
+            value = self.init_strategy(msg)
         if value is not None:
             msg["value"] = value
+
+
+def _compiled_draw(draw: Callable, msg: dict):
+    """``draw(msg)`` (a pure function of the site's distribution and rng key) as one
+    compiled program: run eagerly, each primitive of a sampler compiles on its own, and
+    the Gamma and Dirichlet samplers' rejection loops take over a second each per shape.
+    The distribution was built, and validated by NumPyro, eagerly in the model; only the
+    draw is compiled. Falls back to the eager call for a distribution jit cannot take."""
+    key = msg["kwargs"].get("rng_key")
+    if key is None:
+        return draw(msg)
+
+    def compiled(fn, rng_key):
+        return draw({**msg, "fn": fn, "kwargs": {**msg["kwargs"], "rng_key": rng_key}})
+
+    try:
+        return structural_jit(compiled, runs_once=True)(msg["fn"], key)
+    except Exception:  # noqa: BLE001 - not a pytree, or a sampler jit cannot trace: eager
+        return draw(msg)
 
 
 def _standard_normal_log_density(value):
@@ -419,9 +441,11 @@ def prior_candidates(
         if site["type"] != "sample" or site["is_observed"] or _is_factor_site(site):
             return None
         try:
-            rng_key = site["kwargs"].get("rng_key")
             sample_shape = tuple(site["kwargs"].get("sample_shape") or ())
-            samples = site["fn"](rng_key=rng_key, sample_shape=(num_samples, *sample_shape))
+            shape = (num_samples, *sample_shape)
+            samples = _compiled_draw(
+                lambda s: s["fn"](rng_key=s["kwargs"].get("rng_key"), sample_shape=shape), site
+            )
         except NotImplementedError:  # no sampler (ImproperUniform): NumPyro's fallback
             value = init_to_uniform(site)
             samples = jnp.broadcast_to(value, (num_samples, *jnp.shape(value)))
