@@ -484,7 +484,7 @@ def _densities_finite(model_trace: dict) -> bool:
     return True
 
 
-@jax.jit
+@structural_jit(runs_once=True)
 def _all_log_probs_finite(pairs):
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(d.log_prob(v))) for d, v in pairs]))
 
