@@ -135,7 +135,7 @@ class _InitialValues(numpyro.primitives.Messenger):
         if msg["fn"].support.is_discrete or isinstance(msg["fn"], JointCoordinates):
             return  # discrete sites are drawn; a joint group's start is set by its planner
         if self.init_strategy in _FALLBACK_STRATEGIES:
-            value = _compiled_draw(lambda site: self.init_strategy(site), msg)
+            value = _compiled_draw(self.init_strategy, msg)
         else:  # a user's strategy may have side effects: run as given
             value = self.init_strategy(msg)
         if value is not None:
