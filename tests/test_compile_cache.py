@@ -119,3 +119,18 @@ def test_run_once_programs_compute_the_same_and_are_kept_apart():
 
     np.testing.assert_allclose(np.array(g(x)[0]), np.array(default[0]), rtol=1e-6)
     assert program_cache_info()["hits"] == 1
+
+
+def test_run_once_programs_never_evict_the_loop_program():
+    """A fit compiles a few run-once programs per site (its start draws): however many, the
+    loop's program must survive for the refit (with one shared cache of 16, a
+    stochastic-volatility refit recompiled everything)."""
+    clear_program_cache()
+    x = jnp.float32(0.7)
+    loop = structural_jit(_closure(jnp.ones(5)))
+    loop(x)
+    for n in range(1, 41):  # 40 distinct run-once programs
+        structural_jit(_closure(jnp.ones(n + 5)), runs_once=True)(x)
+    before = program_cache_info()["misses"]
+    structural_jit(_closure(jnp.zeros(5)))(x)  # a refit: same structure, new data
+    assert program_cache_info()["misses"] == before, "the loop program was evicted"

@@ -40,10 +40,12 @@ __all__ = [
     "program_cache_info",
 ]
 
-# Compiled programs by structure; least recently used dropped beyond this many (each
-# holds its XLA executables, tens of MB for a large model).
-_MAX_PROGRAMS = 16
-_PROGRAMS: OrderedDict = OrderedDict()
+# Compiled programs by structure, the loop's and the run-once ones apart (keyed by
+# ``runs_once``); least recently used dropped beyond these many. A loop program holds
+# large executables (tens of MB for a large model); a fit compiles a few run-once
+# programs per site (its start draws), which must not push the loop out before a refit.
+_MAX_PROGRAMS = {False: 16, True: 64}
+_PROGRAMS: dict[bool, OrderedDict] = {False: OrderedDict(), True: OrderedDict()}
 _STATS = {"hits": 0, "misses": 0}
 
 
@@ -98,13 +100,14 @@ def structural_jit(fn: Callable | None = None, *, runs_once: bool = False) -> Ca
 
 def clear_program_cache() -> None:
     """Forget every compiled program (the next fit of each model compiles again), reset counts."""
-    _PROGRAMS.clear()
+    for programs in _PROGRAMS.values():
+        programs.clear()
     _STATS.update(hits=0, misses=0)
 
 
 def program_cache_info() -> dict:
     """``{"hits", "misses", "size"}`` of the compiled-program cache, for diagnostics and tests."""
-    return {**_STATS, "size": len(_PROGRAMS)}
+    return {**_STATS, "size": sum(len(p) for p in _PROGRAMS.values())}
 
 
 def enable_compilation_cache(path=None, min_compile_time_secs: float = 0.0) -> str:
@@ -138,10 +141,11 @@ def enable_compilation_cache(path=None, min_compile_time_secs: float = 0.0) -> s
 
 
 def _program(key, jaxpr, options=None) -> Callable:
-    program = _PROGRAMS.get(key)
+    programs = _PROGRAMS[key[0]]  # key[0]: runs_once
+    program = programs.get(key)
     if program is not None:
         _STATS["hits"] += 1
-        _PROGRAMS.move_to_end(key)
+        programs.move_to_end(key)
         return program
     _STATS["misses"] += 1
 
@@ -149,9 +153,9 @@ def _program(key, jaxpr, options=None) -> Callable:
         return jcore.jaxpr_as_fun(jcore.ClosedJaxpr(jaxpr, consts))(*leaves)
 
     program = jax.jit(evaluate, compiler_options=options)
-    _PROGRAMS[key] = program
-    while len(_PROGRAMS) > _MAX_PROGRAMS:
-        _PROGRAMS.popitem(last=False)
+    programs[key] = program
+    while len(programs) > _MAX_PROGRAMS[key[0]]:
+        programs.popitem(last=False)
     return program
 
 
