@@ -540,7 +540,9 @@ def _digest(arrays) -> str | None:
 
 def _classify(entry, leaves, tpos, spec, target, site_name) -> EdgeVerdict:
     digest = _digest([*entry[1], *leaves])
-    key = digest and (str(entry[0]), tuple(entry[2]), digest, tpos, spec.name, target, site_name)
+    # the jaxpr's text by its hash: a large model's text is long, and 512 are kept
+    text = hashlib.blake2b(str(entry[0]).encode(), digest_size=16).hexdigest()
+    key = digest and (text, tuple(entry[2]), digest, tpos, spec.name, target, site_name)
     if key is not None and key in _VERDICTS:
         _VERDICTS.move_to_end(key)
         return _VERDICTS[key]
