@@ -530,7 +530,10 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
         terms.append(_Term(fname, eta_shape, rest, A=A, a=a, b=b))
 
     num_sites = sum(t.size for t in terms)
-    if len(terms) == 1 and terms[0].a is not None:
+    # The Markov solver holds a diagonal or tridiagonal prior precision only: a
+    # dense one (a kernel prior that depends on a param, so it is not whitened)
+    # must not reach it (its row sums were taken for the diagonal: NaN or a wrong q).
+    if len(terms) == 1 and terms[0].a is not None and dense is None:
         q_diag, q_off = tridiagonal if tridiagonal is not None else (q_ones, jnp.zeros_like(q_ones))
         prior = {"q_diag": q_diag, "q_off": q_off, "h": h}
         prior["factored"] = gs.markov_prior(q_diag, q_off, h)

@@ -51,6 +51,10 @@ class CVIState(NamedTuple):
     iteration: jax.Array
     constant_messages: dict = {}
     elbo_key: jax.Array | None = None
+    # Values of the learned ``numpyro.param`` sites (``Schedule.learned``), on
+    # their constrained support: the step reads them here, so an M-step changes
+    # them without recompiling anything.
+    params: dict = {}
 
 
 class CVIInfo(NamedTuple):
@@ -73,12 +77,17 @@ class CVIAlgorithm(NamedTuple):
     # ``elbo(state, rng_key) -> value``: the ELBO of q at ``state`` (no update);
     # Monte Carlo terms use ``rng_key``'s draws.
     elbo: callable = None
+    # ``move_params(state, values) -> state``: learned params set to ``values``
+    # with q's sites held (the dual M-step's q).
+    move_params: callable = None
 
 
 def cvi(schedule: Schedule) -> CVIAlgorithm:
     """Build the ``init``/``step`` pair for a schedule.
 
-    ``init(rng_key) -> CVIState`` and ``step(state) -> (state, CVIInfo)``.
+    ``init(rng_key) -> CVIState`` and ``step(state) -> (state, CVIInfo)``;
+    ``elbo(state, rng_key)``; ``move_params(state, values) -> state`` (the dual
+    M-step's q, :func:`move_params` below).
     """
     nodes = schedule.nodes
     layouts = {n: node.layout for n, node in nodes.items()}
@@ -253,13 +262,15 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             g = (g[0], 0.5 * (g[1] + jnp.swapaxes(g[1], -1, -2)))
         return g
 
-    def constant_messages():
+    def constant_messages(values=None):
         """Exact messages from factors whose only latent is the node itself.
 
         Such a factor is affine in the node's statistics with constant
         coefficients, so its VMP message does not change between iterations
-        (e.g. a prior with fixed hyperparameters): compute it once.
+        (e.g. a prior with fixed hyperparameters): compute it once, and again
+        only when the params it reads change (``values``: learned param values).
         """
+        fixed = {**params, **(values or {})}
         out = {}
         ref_key = jax.random.PRNGKey(0)
         for i, node in nodes.items():
@@ -270,7 +281,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                 if kind == EXACT.name and fplan.latents == (i,) and not fplan.subsampled:
                     lay = layouts[i]
                     mu_ref = lay.fam.natural_to_mean(lay.reference_natural(ref_key))
-                    out[f"{fname}->{i}"] = exact_message(fplan, i, {}, {i: mu_ref}, ref_key, params)
+                    out[f"{fname}->{i}"] = exact_message(fplan, i, {}, {i: mu_ref}, ref_key, fixed)
         return out
 
     # How each registered message kind is computed (autocvi.model.message_kinds).
@@ -382,12 +393,49 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
     def init(rng_key) -> CVIState:
         natural = initial_natural(schedule, rng_key)
         elbo_key = jax.random.fold_in(rng_key, 1)
-        return CVIState(natural, rng_key, jnp.zeros((), jnp.int32), constant_messages(), elbo_key)
+        # Strongly typed floats: a weakly typed initial value (a Python float) would
+        # give the state another type than the M-step's output, and every compiled
+        # program would be traced again after the first M-step.
+        learned = {
+            n: jnp.asarray(params[n], dtype=jnp.result_type(float)) for n in schedule.learned
+        }
+        return CVIState(
+            natural,
+            rng_key,
+            jnp.zeros((), jnp.int32),
+            constant_messages(learned),
+            elbo_key,
+            learned,
+        )
+
+    def move_params(state: CVIState, values: dict) -> CVIState:
+        """q with the learned params set to ``values``, its sites held (t-SVGP Eq. 15).
+
+        Adam, Chang, Khan & Solin, *Dual Parameterization of Sparse Variational
+        Gaussian Processes* (NeurIPS 2021), Eq. 15: the M-step keeps the sites
+        lambda_t* the E-step found and lets the prior's natural parameter move,
+        eta(theta) = eta_0(theta) + lambda_t*. Here every message that is a
+        closed-form function of the params alone (the constant messages: a
+        prior, or a conjugate likelihood whose only latent is the node) moves
+        with them, and the rest of each node's natural parameter (what the
+        E-step estimated) is held: lam_i(theta) = lam_i - sum_a m_a(theta_t) +
+        sum_a m_a(theta). Any q gives a lower bound, so the ELBO at this q is
+        a valid M-step objective; for Gaussian-likelihood GP regression it is
+        the exact log marginal likelihood at every theta (t-SVGP, below Eq. 17).
+        """
+        values = {**state.params, **values}
+        new = constant_messages(values)
+        natural = dict(state.natural)
+        for key, message in new.items():
+            node = key.split("->", 1)[1]
+            delta = jax.tree_util.tree_map(jnp.subtract, message, state.constant_messages[key])
+            natural[node] = jax.tree_util.tree_map(jnp.add, natural[node], delta)
+        return state._replace(natural=natural, constant_messages=new, params=values)
 
     def step(state: CVIState):
         key, plate_key, elbo_key, sweep_key = jax.random.split(state.rng_key, 4)
         indices = plate_indices(plate_key)
-        fixed = {**params, **indices}
+        fixed = {**params, **state.params, **indices}
         # Local nodes of subsampled plates: work on the sampled elements only.
         lam = {n: _gather(nodes[n], lam_n, indices) for n, lam_n in state.natural.items()}
         block_elbos = {}
@@ -438,11 +486,11 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
     def elbo_at(state: CVIState, rng_key):
         plate_key, elbo_key = jax.random.split(rng_key)
         indices = plate_indices(plate_key)
-        fixed = {**params, **indices}
+        fixed = {**params, **state.params, **indices}
         lam = {n: _gather(nodes[n], lam_n, indices) for n, lam_n in state.natural.items()}
         return elbo(lam, elbo_key, fixed)
 
-    return CVIAlgorithm(init, step, elbo_at)
+    return CVIAlgorithm(init, step, elbo_at, move_params)
 
 
 def expected_log_factor(fplan: FactorPlan, layouts: dict, mean_params: dict, fixed=None):

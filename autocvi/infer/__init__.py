@@ -3,6 +3,7 @@
 from .cvi import CVI, CVIRunResult, CVIRunState
 from .fit import FitResult, IllConditionedError, fit
 from .guide import CVIGuide
+from .hyper import EMOptions
 from .summary import print_summary
 
 __all__ = [
@@ -13,5 +14,6 @@ __all__ = [
     "CVIRunState",
     "CVIRunResult",
     "CVIGuide",
+    "EMOptions",
     "print_summary",
 ]

@@ -53,6 +53,7 @@ from ..jaxpr import structural_jit
 from ..plan import schedule as _planner
 from .convergence import diagnose, report
 from .fit import _WINDOW, _chunk_runner, average_iterates, posterior_of, run_loop
+from .hyper import EMOptions, ParamSpace, m_step, run_em
 
 __all__ = ["CVI", "CVIRunState", "CVIRunResult"]
 
@@ -142,6 +143,9 @@ class CVI:
             share one Gaussian q) or ``"mean-field"``.
         init_strategy: where q starts, a NumPyro ``init_to_*`` strategy (see
             :func:`autocvi.fit`).
+        em: how :meth:`run` learns the model's ``numpyro.param`` sites
+            (:class:`autocvi.EMOptions`; variational EM as in :func:`autocvi.fit`);
+            ``update`` is one E-step (CVI iteration) with the params held.
         **planner_options: options of the planner, as for :func:`autocvi.fit`
             (:data:`autocvi.PLANNER_OPTIONS`): ``use_quadrature=False``
             (Monte Carlo messages where Gauss-Hermite ones would be used),
@@ -162,9 +166,11 @@ class CVI:
         tol=None,
         structure="joint",
         init_strategy=None,
+        em: EMOptions | None = None,
         **planner_options,
     ):
         self.planner_options = _planner.check_planner_options(planner_options, "CVI")
+        self.em = em or EMOptions()
         self.model = model
         self.init_strategy = init_strategy
         self.num_samples = num_samples
@@ -219,7 +225,7 @@ class CVI:
             state = init_state.state
             # The engine caches the messages that depend on the data only: recompute
             # them for these data.
-            consts = self._compiled(plan, "constants")(inputs)
+            consts = self._compiled(plan, "constants")(inputs, state.params)
             state = state._replace(constant_messages=consts)
         schedule = plan.schedule
         exact = schedule.deterministic
@@ -228,10 +234,33 @@ class CVI:
         runner = self._compiled(plan, ("run", float(tol), subsampled))
         # As fit: a resumed run may legitimately not move (it started at the optimum).
         initial = state.natural if init_state is None else None
-        carry, elbos, converged, steps = _loop(
-            runner, _Carry(state, inputs), num_steps, progress_bar
-        )
-        state = carry.cvi_state
+        trace = None
+        if not schedule.learned:
+            carry, elbos, converged, steps = _loop(
+                runner, _Carry(state, inputs), num_steps, progress_bar
+            )
+            state = carry.cvi_state
+        else:
+            em = self.em.resolved(num_steps, exact, 2 * _WINDOW)
+            mstep = self._compiled(plan, ("mstep", em))
+            move = self._compiled(plan, "move")
+
+            def e_step(state, max_steps):
+                carry, elbos, converged, steps = _loop(
+                    runner, _Carry(state, inputs), max_steps, progress_bar
+                )
+                return carry.cvi_state, elbos, converged, 0.0, steps
+
+            state, elbos, converged, _, steps, trace = run_em(
+                e_step,
+                lambda state, key: mstep(state, key, inputs),
+                lambda state, values: move(state, values, inputs),
+                state,
+                jax.random.fold_in(state.rng_key, 7),
+                ParamSpace(schedule.graph, schedule.learned),
+                exact,
+                em,
+            )
         if converged and not exact:
             # As fit: average the jittering iterates of Monte Carlo messages
             # (Polyak-Ruppert, 2 * WINDOW more iterations).
@@ -240,6 +269,8 @@ class CVI:
         diagnostics = diagnose(
             elbos, initial, state.natural, layouts, schedule.blocks, exact, subsampled, steps
         )
+        if trace is not None:
+            trace.excuse_boundaries(diagnostics, elbos)
         report(diagnostics, elbos.size)
         run_state = CVIRunState(state, plan.id)
         return CVIRunResult(
@@ -252,8 +283,9 @@ class CVI:
         )
 
     def get_params(self, state: CVIRunState) -> dict:
-        """The model's ``numpyro.param`` values (fixed hyperparameters in CVI)."""
-        params = self._plan_of(state).schedule.params
+        """The model's ``numpyro.param`` values: the learned ones at ``state``, the
+        fixed ones as traced."""
+        params = {**self._plan_of(state).schedule.params, **state.state.params}
         return {k: v for k, v in params.items() if not k.startswith(_DATA_PREFIX)}
 
     def get_posterior(self, state: CVIRunState) -> dict:
@@ -347,12 +379,22 @@ class CVI:
             plan = self._new_plan(traced, self._replan(traced.schedule, inputs), inputs)
         return plan, (inputs if plan.bound else {})
 
+    def _options(self, data_params) -> dict:
+        """The planner options, with the hidden data params held (inputs, never learned)."""
+        options = dict(self.planner_options)
+        options["fixed_params"] = (*options.get("fixed_params", ()), *data_params)
+        return options
+
     def _replan(self, base, inputs):
         """``base`` planned again for other values of the hidden data params (no trace)."""
         values = {**base.graph.example_values, **inputs}
         graph = replace(base.graph, _example_values=values)
+        data_params = (p for p in graph.params if p.startswith(_DATA_PREFIX))
         schedule = _planner.build_schedule(
-            graph, num_samples=self.num_samples, step_size=self.step_size, **self.planner_options
+            graph,
+            num_samples=self.num_samples,
+            step_size=self.step_size,
+            **self._options(data_params),
         )
         schedule.joint, schedule.notes, schedule.user_graph = (
             base.joint,
@@ -388,6 +430,7 @@ class CVI:
     def _plan_wrapped(self, data, arrays, names):
         model = _with_data_params(self.model, names) if names else self.model
         traced_data = {**data, **{k: arrays[k] for k in names}}
+        options = self._options(_DATA_PREFIX + k for k in names)
         return _planner.plan(
             model,
             traced_data,
@@ -395,7 +438,7 @@ class CVI:
             step_size=self.step_size,
             structure=self.structure,
             init_strategy=self.init_strategy,
-            **self.planner_options,
+            **options,
         )
 
     def _new_plan(self, traced: _Traced, schedule, inputs) -> _Plan:
@@ -419,7 +462,7 @@ class CVI:
     def _step(self, plan, state, inputs, beta, block_beta):
         # The engine caches the messages that depend on the data only (constant
         # messages): recompute them for these data.
-        consts = self._compiled(plan, "constants")(inputs)
+        consts = self._compiled(plan, "constants")(inputs, state.state.params)
         engine_state = state.state._replace(constant_messages=consts)
         dtype = jnp.result_type(float)
         return self._compiled(plan, "step")(
@@ -446,8 +489,9 @@ def _compile(plan: _Plan, what):
     """
     schedule, algorithm = plan.schedule, plan.algorithm
 
-    def constants(inputs):
-        with _Bound(schedule, inputs):
+    def constants(inputs, learned):
+        # At the learned params' current values (init reads them from the schedule).
+        with _Bound(schedule, {**inputs, **learned}):
             return algorithm.init(jax.random.PRNGKey(0)).constant_messages
 
     if what == "constants":
@@ -477,6 +521,22 @@ def _compile(plan: _Plan, what):
             return average_iterates(step, state, 2 * _WINDOW)
 
         return structural_jit(average)
+    if what == "move":
+
+        def move(state, values, inputs):
+            with _Bound(schedule, inputs):
+                return algorithm.move_params(state, values)
+
+        return structural_jit(move, runs_once=True)
+    if isinstance(what, tuple) and what[0] == "mstep":
+        space = ParamSpace(schedule.graph, schedule.learned)
+        run = m_step(algorithm, space, schedule.deterministic, what[1])
+
+        def mstep(state, key, inputs):
+            with _Bound(schedule, inputs):
+                return run(state, key)
+
+        return structural_jit(mstep)
     if isinstance(what, tuple) and what[0] == "run":
         _, tol, subsampled = what
 

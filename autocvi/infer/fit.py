@@ -21,6 +21,7 @@ from ..model.graph import FactorGraph, _format_table
 from ..model.message_kinds import EXACT
 from ..plan.schedule import Schedule, check_planner_options, plan
 from .convergence import WINDOW, Diagnostics, FitWarning, converged_now, diagnose, report
+from .hyper import EMOptions, EMTrace, ParamSpace, m_step, run_em
 
 __all__ = ["fit", "FitResult", "IllConditionedError"]
 
@@ -68,6 +69,11 @@ class FitResult:
             (:class:`~autocvi.infer.convergence.Diagnostics`).
         num_steps: iterations run in this call.
         wall_time: seconds spent in the loop (compilation included).
+        params: the model's ``numpyro.param`` values: learned ones (variational
+            EM, :mod:`autocvi.infer.hyper`) and fixed ones; pass them to
+            ``numpyro.infer.Predictive(..., params=result.params)``.
+        em: what variational EM did (rounds, the M-steps' bounds, the params
+            after each round), or None when no param was learned.
     """
 
     posterior: dict
@@ -81,6 +87,8 @@ class FitResult:
     diagnostics: Diagnostics = field(default_factory=Diagnostics)
     elbo_final: float = float("nan")
     restart_elbos: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    params: dict = field(default_factory=dict)
+    em: EMTrace | None = None
     _layouts: dict = field(default_factory=dict, repr=False)
 
     def sample(self, rng_key, num_samples: int) -> dict:
@@ -140,6 +148,7 @@ def fit(
     structure: str = "joint",
     num_restarts: int | None = None,
     init_strategy=None,
+    em: EMOptions | None = None,
     **planner_options,
 ) -> FitResult:
     """Fit a NumPyro model with conjugate-computation variational inference.
@@ -174,6 +183,11 @@ def fit(
             (``init_to_median()``, ``init_to_uniform()``, ``init_to_value(values=...)``);
             see :func:`autocvi.plan`. Flat priors (``ImproperUniform``) need no
             strategy: they start at ``init_to_uniform``.
+        em: how ``numpyro.param`` sites are learned (:class:`autocvi.EMOptions`:
+            rounds, E- and M-steps per round, optimiser). Params are learned by
+            variational EM unless ``learn_params=False`` (or listed in
+            ``fixed_params``); the M-step maximises the ELBO with q's sites
+            held and the prior moving with the params (t-SVGP Eq. 15).
         **planner_options: options of the planner
             (:data:`autocvi.PLANNER_OPTIONS`), passed to :func:`autocvi.plan`:
             ``use_quadrature=False`` replaces Gauss-Hermite messages by Monte
@@ -201,14 +215,6 @@ def fit(
         init_strategy=init_strategy,
         **planner_options,
     )
-    if schedule.graph.params:
-        warnings.warn(
-            f"numpyro.param sites {', '.join(map(repr, schedule.graph.params))} are held at their "
-            "initial values: autocvi does not learn params yet (use numpyro.infer.SVI for them, "
-            "or fix them to the values you want).",
-            FitWarning,
-            stacklevel=2,
-        )
     exact = schedule.deterministic
     if num_steps is None:
         num_steps = 100 if schedule.all_exact else 500
@@ -228,23 +234,48 @@ def fit(
     track = None if exact else _natural
     runner = _chunk_runner(algorithm.step, tol, exact, subsampled, track)
     estimator = None if exact else elbo_estimator(algorithm)
+    learned = schedule.learned
+    if learned:
+        em = (em or EMOptions()).resolved(num_steps, exact, _CHUNK)
+        space = ParamSpace(schedule.graph, learned)
+        mstep = structural_jit(m_step(algorithm, space, exact, em))
+        move = structural_jit(algorithm.move_params, runs_once=True)
     runs = []
     for k in range(max(1, num_restarts)):
         key = rng_key if k == 0 else jax.random.fold_in(rng_key, k)
         state = init(key) if init_state is None else init_state
         # A resumed fit may legitimately not move (it started at the optimum).
         initial = state.natural if init_state is None else None
-        state, elbos, converged, wall, steps = run_loop(
-            algorithm.step,
-            state,
-            num_steps,
-            tol,
-            exact,
-            progress_bar=progress_bar,
-            subsampled=subsampled,
-            runner=runner,
-            shift=shift,
-        )
+        trace = None
+        if not learned:
+            state, elbos, converged, wall, steps = run_loop(
+                algorithm.step,
+                state,
+                num_steps,
+                tol,
+                exact,
+                progress_bar=progress_bar,
+                subsampled=subsampled,
+                runner=runner,
+                shift=shift,
+            )
+        else:
+
+            def e_step(state, max_steps):
+                return run_loop(
+                    algorithm.step,
+                    state,
+                    max_steps,
+                    tol,
+                    exact,
+                    subsampled=subsampled,
+                    runner=runner,
+                    shift=shift,
+                )
+
+            state, elbos, converged, wall, steps, trace = run_em(
+                e_step, mstep, move, state, jax.random.fold_in(key, 7), space, exact, em
+            )
         if converged and not exact:
             # Monte Carlo messages leave the iterates jittering around the fixed
             # point; their average over 2 * WINDOW more iterations (Polyak-Ruppert
@@ -253,17 +284,29 @@ def fit(
         elbo_final = (
             float(elbos[-1]) if exact else final_elbo(algorithm, state, estimator=estimator)
         )
-        runs.append((elbo_final, state, elbos, converged, wall, initial, steps))
+        runs.append((elbo_final, state, elbos, converged, wall, initial, steps, trace))
     # Keep the restart with the best ELBO (non-finite ones last).
     finite = [r for r in runs if np.isfinite(r[0])] or runs
-    elbo_final, state, elbos, converged, wall, initial, steps = max(finite, key=lambda r: r[0])
+    elbo_final, state, elbos, converged, wall, initial, steps, trace = max(
+        finite, key=lambda r: r[0]
+    )
     wall = sum(r[4] for r in runs)
     layouts = {n: node.layout for n, node in schedule.nodes.items()}
     diagnostics = diagnose(
         elbos, initial, state.natural, layouts, schedule.blocks, exact, subsampled, steps
     )
+    if trace is not None:
+        trace.excuse_boundaries(diagnostics, elbos)
     report(diagnostics, elbos.size)
-    if not converged and diagnostics.trustworthy and tol > 0:
+    if trace is not None and not converged and diagnostics.trustworthy:
+        warnings.warn(
+            f"variational EM for the params {', '.join(learned)} did not settle in "
+            f"{trace.rounds} rounds (EMOptions.max_rounds): the learned values are not "
+            "converged; raise max_rounds or resume with init_state=result.state.",
+            FitWarning,
+            stacklevel=2,
+        )
+    elif not converged and diagnostics.trustworthy and tol > 0:
         warnings.warn(
             f"the stopping rule was not met in num_steps = {num_steps} iterations (last ELBO "
             f"{elbos[-1]:.6g}): the fit is not converged; pass a larger num_steps or resume "
@@ -285,6 +328,11 @@ def fit(
         diagnostics=diagnostics,
         elbo_final=elbo_final,
         restart_elbos=np.asarray([r[0] for r in runs]),
+        params={
+            **{k: np.asarray(v) for k, v in schedule.params.items()},
+            **{k: np.asarray(v) for k, v in state.params.items()},
+        },
+        em=trace,
         _layouts=layouts,
     )
 

@@ -113,11 +113,17 @@ class FactorNode:
 
 @dataclass(frozen=True)
 class ParamNode:
-    """A ``numpyro.param`` site: a hyperparameter, learned or fixed."""
+    """A ``numpyro.param`` site: a hyperparameter, learned or fixed.
+
+    ``constraint`` names the param's support; ``support`` is the numpyro
+    constraint itself (``biject_to(support)`` maps the unconstrained space the
+    M-step optimises in onto it).
+    """
 
     name: str
     shape: tuple[int, ...]
     constraint: str
+    support: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

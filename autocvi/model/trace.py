@@ -224,10 +224,12 @@ def trace_model(
             else:
                 example[name] = site["value"]
         elif site["type"] == "param":
+            support = site["kwargs"].get("constraint", constraints.real)
             params[name] = ParamNode(
                 name=name,
                 shape=tuple(jnp.shape(site["value"])),
-                constraint=support_name(site["kwargs"].get("constraint", constraints.real)),
+                constraint=support_name(support),
+                support=support,
             )
             example[name] = site["value"]
     plate_values = {

@@ -102,6 +102,9 @@ class Schedule:
     # The graph of the model as the user wrote it (``graph`` is the rewritten one
     # when there are joint groups).
     user_graph: FactorGraph | None = field(default=None, repr=False)
+    # ``numpyro.param`` sites learned by variational EM (autocvi.infer.hyper); the
+    # others keep the values they were traced with.
+    learned: tuple = ()
 
     def step_size_at(self, iteration, local: bool = False):
         """beta at ``iteration`` (a traced integer) for a global or local node."""
@@ -163,6 +166,8 @@ class Schedule:
             ),
             f"  message kinds: {', '.join(kinds)}; Monte Carlo draws per estimate: {self.num_samples}",
             "  subsampled plates (factors scaled by N/B): " + (", ".join(sub) if sub else "none"),
+            "  numpyro.param sites learned by variational EM (CVI E-steps, M-steps on the bound "
+            "with the prior moving): " + (", ".join(self.learned) if self.learned else "none"),
             "",
             _format_table(
                 ("#", "node", "q family", "shape", "incoming messages (factor (kind))"), rows
@@ -190,6 +195,10 @@ PLANNER_OPTIONS = {
     "subsampled plates, else 0)",
     "gaussian_blocks": "False keeps every Gaussian node as dense natural parameters instead "
     "of prior + sites (default True)",
+    "learn_params": "False holds every numpyro.param site at its initial value instead of "
+    "learning it by variational EM (default True)",
+    "fixed_params": "names of numpyro.param sites held at their initial values while the "
+    "others are learned (default none)",
 }
 
 
@@ -253,7 +262,7 @@ def plan(
         groups, notes = find_joint_groups(graph, latent_layouts(graph))
     if not groups:
         schedule = build_schedule(graph, num_samples=num_samples, step_size=step_size, **options)
-        schedule.notes = tuple(notes)
+        schedule.notes = (*notes, *schedule.notes)
         return schedule
     start = graph.example_values
     if init_strategy is None:  # the user's strategy is followed as given
@@ -267,7 +276,7 @@ def plan(
     joint_graph = trace(joint_model(model, groups, start), data, init_strategy=init_strategy)
     schedule = build_schedule(joint_graph, num_samples=num_samples, step_size=step_size, **options)
     schedule.joint = tuple(groups)
-    schedule.notes = tuple(notes)
+    schedule.notes = (*notes, *schedule.notes)
     schedule.user_graph = graph
     return schedule
 
@@ -281,16 +290,29 @@ def build_schedule(
     use_quadrature: bool = True,
     step_size_decay: float | None = None,
     gaussian_blocks: bool = True,
+    learn_params: bool = True,
+    fixed_params=(),
 ) -> Schedule:
     """Plan the schedule for an already classified graph (see :func:`plan`).
 
     ``use_quadrature=False`` replaces Gauss-Hermite messages by Monte Carlo ones.
     ``gaussian_blocks=False`` keeps every Gaussian node as dense natural
     parameters instead of prior + sites (a reference for tests).
+    ``learn_params``/``fixed_params``: which ``numpyro.param`` sites are learned
+    (``Schedule.learned``); a Gaussian node whose factors read a learned param is
+    kept dense (a block's prior and predictors are fixed arrays).
     """
     layouts = latent_layouts(graph)
     values = graph.example_values
     params = {n: values[n] for n in graph.params}
+    unknown = sorted(set(fixed_params) - set(graph.params))
+    if unknown:
+        raise ValueError(
+            f"fixed_params names {unknown}, which are not numpyro.param sites of the model "
+            f"(its params: {sorted(graph.params) or 'none'})"
+        )
+    learned = tuple(n for n in graph.params if n not in set(fixed_params)) if learn_params else ()
+    block_notes = []
     example = {**values, **_plate_examples(graph)}
     factors: dict[str, FactorPlan] = {}
     oversize: set[tuple[str, str]] = set()
@@ -398,7 +420,19 @@ def build_schedule(
     blocks = {}
     if gaussian_blocks:
         for name, node in nodes.items():
+            reads = sorted(
+                {p for f, _ in node.incoming for p in graph.factors[f].params if p in learned}
+                if all(f in graph.factors for f, _ in node.incoming)
+                else ()
+            )
             block = find_block(node, factors, example, params)
+            if block is not None and reads:
+                block_notes.append(
+                    f"{name} is kept as dense natural parameters, not a Gaussian block: its "
+                    f"factors read the learned params {', '.join(reads)} (a block's prior and "
+                    "predictors are fixed arrays)"
+                )
+                continue
             if block is not None:
                 blocks[name] = block
                 # Every likelihood term of a block gets Gauss-Hermite site messages.
@@ -424,6 +458,8 @@ def build_schedule(
     if num_samples is None:
         num_samples = _default_num_samples(nodes, blocks)
     schedule = Schedule(graph, nodes, factors, order, 1.0, num_samples, params, blocks=blocks)
+    schedule.learned = learned
+    schedule.notes = tuple(block_notes)
     schedule.step_size = _default_step_size(schedule) if step_size is None else step_size
     schedule.block_step_size = 1.0 if step_size is None else step_size
     if any(f.subsampled for f in factors.values()):

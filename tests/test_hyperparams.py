@@ -1,0 +1,238 @@
+"""``numpyro.param`` sites are learned by variational EM (issue 15, item 1).
+
+Oracles: scikit-learn's exact type-II maximum-likelihood GP regression on the
+motorcycle data; the closed-form marginal-likelihood optimum of a normal
+hierarchy; for a non-conjugate model (GP classification, no closed form), that
+the learned values are a stationary point of the best ELBO over q (fits with the
+params held a little way off on either side end lower).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from numpyro.distributions import constraints
+from numpyro.infer import Predictive
+
+import autocvi
+
+JITTER = 1e-4
+
+
+def motorcycle(n=None):
+    data = autocvi.datasets.load("mcycle")["data"]
+    x, y = data[:, 0], data[:, 1]
+    x = (x - x.mean()) / x.std()
+    y = (y - y.mean()) / y.std()
+    if n is not None:
+        x, y = x[::n], y[::n]
+    return x, y
+
+
+def gp_regression(X, y=None):
+    """A GP regression as a user writes it: kernel hyperparameters as params."""
+    lengthscale = numpyro.param("lengthscale", 1.0, constraint=constraints.positive)
+    amplitude = numpyro.param("amplitude", 1.0, constraint=constraints.positive)
+    noise = numpyro.param("noise", 0.5, constraint=constraints.positive)
+    d = X[:, None] - X[None, :]
+    K = amplitude**2 * jnp.exp(-0.5 * (d / lengthscale) ** 2) + JITTER * jnp.eye(X.shape[0])
+    f = numpyro.sample("f", dist.MultivariateNormal(jnp.zeros(X.shape[0]), covariance_matrix=K))
+    numpyro.sample("y", dist.Normal(f, noise), obs=y)
+
+
+def sklearn_type2_ml(x, y):
+    """Exact type-II maximum likelihood: scikit-learn's GaussianProcessRegressor."""
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+
+    kernel = ConstantKernel(1.0) * RBF(1.0) + WhiteKernel(0.25)
+    gpr = GaussianProcessRegressor(kernel, alpha=JITTER, optimizer="fmin_l_bfgs_b")
+    gpr.fit(x[:, None], y)
+    k = gpr.kernel_
+    return {
+        "amplitude": np.sqrt(k.k1.k1.constant_value),
+        "lengthscale": k.k1.k2.length_scale,
+        "noise": np.sqrt(k.k2.noise_level),
+    }, gpr.log_marginal_likelihood_value_
+
+
+@pytest.mark.float64
+def test_gp_regression_hyperparameters_equal_type2_maximum_likelihood():
+    x, y = motorcycle()
+    result = autocvi.fit(gp_regression, dict(X=x, y=y), progress_bar=False)
+    expected, log_ml = sklearn_type2_ml(x, y)
+    assert result.converged
+    for name, value in expected.items():
+        assert result.params[name] == pytest.approx(value, rel=1e-3), name
+    # The dual bound at Gaussian sites is the log marginal likelihood itself.
+    assert result.elbo[-1] == pytest.approx(log_ml, rel=1e-6)
+    # One round reaches the optimum; the second confirms it.
+    assert result.em.rounds <= 3
+
+
+def test_gp_regression_hyperparameters_float32():
+    x, y = motorcycle(n=2)
+    result = autocvi.fit(gp_regression, dict(X=x, y=y), progress_bar=False)
+    expected, log_ml = sklearn_type2_ml(x, y)
+    assert result.converged
+    for name, value in expected.items():
+        assert result.params[name] == pytest.approx(value, rel=1e-2), name
+    assert result.elbo[-1] == pytest.approx(log_ml, rel=1e-3)
+
+
+def hierarchy(J=None, n=None, y=None, sigma=1.0):
+    mu = numpyro.param("mu", 0.0)
+    tau = numpyro.param("tau", 1.0, constraint=constraints.positive)
+    with numpyro.plate("groups", J, dim=-2):
+        theta = numpyro.sample("theta", dist.Normal(mu, tau))
+        with numpyro.plate("obs", n, dim=-1):
+            numpyro.sample("y", dist.Normal(theta, sigma), obs=y)
+
+
+@pytest.mark.float64
+def test_normal_hierarchy_matches_closed_form_marginal_likelihood_optimum():
+    rng = np.random.default_rng(3)
+    J, n, sigma = 12, 5, 1.0
+    theta = 2.0 + 0.8 * rng.normal(size=(J, 1))
+    y = theta + sigma * rng.normal(size=(J, n))
+    result = autocvi.fit(hierarchy, dict(J=J, n=n, y=y, sigma=sigma), progress_bar=False)
+    # ybar_j ~ N(mu, tau^2 + sigma^2 / n): the maximum-likelihood mu and tau.
+    ybar = y.mean(axis=1)
+    tau2 = np.mean((ybar - ybar.mean()) ** 2) - sigma**2 / n
+    assert tau2 > 0
+    assert result.converged
+    assert result.params["mu"] == pytest.approx(ybar.mean(), rel=1e-4)
+    assert result.params["tau"] == pytest.approx(np.sqrt(tau2), rel=1e-3)
+
+
+def test_fixed_params_are_held_and_the_plan_says_which_are_learned():
+    x, y = motorcycle(n=4)
+    schedule = autocvi.plan(gp_regression, dict(X=x, y=y), fixed_params=("noise",))
+    assert schedule.learned == ("lengthscale", "amplitude")
+    assert "learned by variational EM" in str(schedule)
+    result = autocvi.fit(gp_regression, dict(X=x, y=y), fixed_params=("noise",), progress_bar=False)
+    assert result.params["noise"] == pytest.approx(0.5)
+    assert result.params["lengthscale"] != pytest.approx(1.0, rel=1e-2)
+    held = autocvi.fit(gp_regression, dict(X=x, y=y), learn_params=False, progress_bar=False)
+    assert held.em is None
+    assert {k: float(v) for k, v in held.params.items()} == {
+        "lengthscale": 1.0,
+        "amplitude": 1.0,
+        "noise": 0.5,
+    }
+    with pytest.raises(ValueError, match="not numpyro.param sites"):
+        autocvi.plan(gp_regression, dict(X=x, y=y), fixed_params=("sigma",))
+
+
+def test_learned_params_reach_predictive():
+    x, y = motorcycle(n=4)
+    result = autocvi.fit(gp_regression, dict(X=x, y=y), progress_bar=False)
+    draws = result.sample(jax.random.PRNGKey(1), 200)
+    predictive = Predictive(gp_regression, posterior_samples=draws, params=result.params)
+    y_rep = predictive(jax.random.PRNGKey(2), x)["y"]
+    # Residual scatter of the replicated data is the learned noise, not the initial 0.5.
+    resid = np.asarray(y_rep - draws["f"])
+    assert resid.std() == pytest.approx(float(result.params["noise"]), rel=0.05)
+
+
+def gp_classification(X, y=None):
+    lengthscale = numpyro.param("lengthscale", 1.0, constraint=constraints.positive)
+    d = X[:, None] - X[None, :]
+    K = 4.0 * jnp.exp(-0.5 * (d / lengthscale) ** 2) + JITTER * jnp.eye(X.shape[0])
+    f = numpyro.sample("f", dist.MultivariateNormal(jnp.zeros(X.shape[0]), covariance_matrix=K))
+    numpyro.sample("y", dist.Bernoulli(logits=f), obs=y)
+
+
+@pytest.mark.slow
+@pytest.mark.float64
+def test_gp_classification_lengthscale_is_a_stationary_point_of_the_best_elbo():
+    """No closed form: the learned length-scale must beat its neighbours, each
+    fitted with the length-scale held (q optimised, then the ELBO compared)."""
+    rng = np.random.default_rng(0)
+    x = np.sort(rng.uniform(-3, 3, 80))
+    y = (rng.uniform(size=80) < 1 / (1 + np.exp(-3 * np.sin(1.5 * x)))).astype(float)
+    result = autocvi.fit(gp_classification, dict(X=x, y=y), progress_bar=False)
+    assert result.converged
+    ell = float(result.params["lengthscale"])
+    assert 0.2 < ell < 5.0
+
+    def best_elbo(value):
+        def held(X, y=None):
+            with numpyro.handlers.substitute(data={"lengthscale": value}):
+                gp_classification(X, y)
+
+        fit = autocvi.fit(held, dict(X=x, y=y), learn_params=False, progress_bar=False)
+        assert fit.converged
+        return fit.elbo[-1]
+
+    at = best_elbo(ell)
+    assert at == pytest.approx(result.elbo[-1], abs=1e-6)
+    assert best_elbo(ell * 1.1) < at
+    assert best_elbo(ell / 1.1) < at
+
+
+def test_held_param_kernel_block_equals_the_constant_kernel():
+    """A kernel that reads a held param is not whitened: its Gaussian block has a
+    dense prior precision, which the Markov solver once took for a diagonal one
+    (the row sums of K^-1: NaN on this model, a wrong q on others)."""
+    rng = np.random.default_rng(0)
+    x = np.sort(rng.uniform(-3, 3, 40))
+    y = (rng.uniform(size=40) < 1 / (1 + np.exp(-3 * np.sin(1.5 * x)))).astype(np.float32)
+
+    def constant_kernel(X, y=None):
+        with numpyro.handlers.block(hide=["lengthscale"]):
+            gp_classification(X, y)
+
+    held = autocvi.fit(gp_classification, dict(X=x, y=y), learn_params=False, progress_bar=False)
+    const = autocvi.fit(constant_kernel, dict(X=x, y=y), progress_bar=False)
+    assert "weight-space" in str(held.schedule) and held.converged
+    assert held.elbo[-1] == pytest.approx(const.elbo[-1], rel=1e-4)
+    np.testing.assert_allclose(held.posterior["f"].mean, const.posterior["f"].mean, atol=2e-3)
+
+
+@pytest.mark.float64
+def test_cvi_run_learns_params_as_fit_does():
+    x, y = motorcycle(n=4)
+    fitted = autocvi.fit(gp_regression, dict(X=x, y=y), progress_bar=False)
+    cvi = autocvi.CVI(gp_regression)
+    result = cvi.run(jax.random.PRNGKey(0), 100, x, y=y)
+    assert result.converged
+    for name, value in fitted.params.items():
+        assert float(result.params[name]) == pytest.approx(float(value), rel=1e-3), name
+    # update() is an E-step with the learned params held: q stays the exact posterior.
+    state, elbo = cvi.update(result.state, x, y=y)
+    assert float(elbo) == pytest.approx(float(result.elbo[-1]), rel=1e-4)
+
+
+def logistic_regression(X, y=None):
+    """Weights in a feature plate, a separate intercept, the weights' prior scale a param."""
+    prior_scale = numpyro.param("prior_scale", 1.0, constraint=constraints.positive)
+    with numpyro.plate("features", X.shape[1]):
+        w = numpyro.sample("w", dist.Normal(0.0, prior_scale))
+    b = numpyro.sample("b", dist.Normal(0.0, 5.0))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(logits=X @ w + b), obs=y)
+
+
+@pytest.mark.slow
+def test_monte_carlo_em_agrees_with_deterministic_em():
+    """Adam on Monte Carlo ELBOs (use_quadrature=False) reaches the fixed point that
+    L-BFGS on the Gauss-Hermite ELBO finds, within its Monte Carlo error."""
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(200, 5)).astype(np.float32)
+    logits = X @ (1.5 * rng.normal(size=5)) + 0.5
+    y = (rng.uniform(size=200) < 1 / (1 + np.exp(-logits))).astype(np.float32)
+    exact = autocvi.fit(logistic_regression, dict(X=X, y=y), progress_bar=False)
+    sampled = autocvi.fit(
+        logistic_regression, dict(X=X, y=y), use_quadrature=False, progress_bar=False
+    )
+    assert exact.converged and sampled.converged
+    assert exact.em.refused == 0
+    assert "prior_scale" in exact.schedule.learned
+    assert float(sampled.params["prior_scale"]) == pytest.approx(
+        float(exact.params["prior_scale"]), rel=0.03
+    )
+    # The prior scale moved well away from its initial 1.
+    assert float(exact.params["prior_scale"]) > 1.2
