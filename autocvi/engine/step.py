@@ -408,7 +408,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             learned,
         )
 
-    def move_params(state: CVIState, values: dict) -> CVIState:
+    def move_params(state: CVIState, values: dict, hold_q: bool = False) -> CVIState:
         """q with the learned params set to ``values``, its sites held (t-SVGP Eq. 15).
 
         Adam, Chang, Khan & Solin, *Dual Parameterization of Sparse Variational
@@ -422,9 +422,13 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         sum_a m_a(theta). Any q gives a lower bound, so the ELBO at this q is
         a valid M-step objective; for Gaussian-likelihood GP regression it is
         the exact log marginal likelihood at every theta (t-SVGP, below Eq. 17).
+        ``hold_q=True`` keeps q itself (their Eq. 14, the standard M-step) and
+        only updates the params and the cached messages.
         """
         values = {**state.params, **values}
         new = constant_messages(values)
+        if hold_q:
+            return state._replace(constant_messages=new, params=values)
         natural = dict(state.natural)
         for key, message in new.items():
             node = key.split("->", 1)[1]

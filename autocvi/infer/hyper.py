@@ -65,6 +65,9 @@ class EMOptions:
         learning_rate: Adam's step size on the unconstrained params.
         param_tol: largest change of an unconstrained param in a round that
             counts as settled.
+        bound: the M-step's objective: ``"dual"`` (t-SVGP Eq. 15: q's sites
+            held, the prior moving with the params) or ``"standard"`` (their
+            Eq. 14: q held, the usual variational EM), for comparison.
     """
 
     max_rounds: int = 50
@@ -74,6 +77,7 @@ class EMOptions:
     optimizer: str | None = None
     learning_rate: float = 0.02
     param_tol: float = 1e-4
+    bound: str = "dual"
 
     def resolved(self, num_steps: int, deterministic: bool, chunk: int) -> EMOptions:
         """These options with the defaults that depend on the fit filled in."""
@@ -127,9 +131,13 @@ def m_step(algorithm, space: ParamSpace, deterministic: bool, options: EMOptions
         raise ValueError(f"EMOptions.optimizer must be 'lbfgs' or 'adam', got {optimizer!r}")
     num = options.m_steps or (100 if optimizer == "lbfgs" else 20)
 
+    if options.bound not in ("dual", "standard"):
+        raise ValueError(f"EMOptions.bound must be 'dual' or 'standard', got {options.bound!r}")
+    hold_q = options.bound == "standard"
+
     def bound(free, state, key):
         values = space.constrain(free)
-        return algorithm.elbo(algorithm.move_params(state, values), key)
+        return algorithm.elbo(algorithm.move_params(state, values, hold_q), key)
 
     def run(state, key):
         free0 = space.unconstrain(state.params)
@@ -161,7 +169,7 @@ def m_step(algorithm, space: ParamSpace, deterministic: bool, options: EMOptions
         else:
             ok = finite
         free = unravel(jnp.where(ok, x, x0))
-        new = algorithm.move_params(state, space.constrain(free))
+        new = algorithm.move_params(state, space.constrain(free), hold_q)
         return new, MStepInfo(before, jnp.where(ok, after, before), ok)
 
     return run

@@ -66,9 +66,14 @@ CALL_BODY: dict[str, str] = {
     "custom_jvp_call": "call_jaxpr",
     "custom_vjp_call": "call_jaxpr",
     "custom_vjp_call_jaxpr": "fun_jaxpr",
+    # ``jnp.linalg.solve``: its value is its ``solve`` jaxpr applied to the solve's
+    # constants and the right-hand side (:func:`_linear_solve_body`).
+    "custom_linear_solve": "jaxprs",
 }
 # Custom-derivative calls: same value as their body, but their own JVP/VJP rule.
-CUSTOM_DERIVATIVE = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
+CUSTOM_DERIVATIVE = frozenset(
+    {"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_linear_solve"}
+)
 # Calls whose body can be inlined without changing values or derivatives.
 PLAIN_CALLS = frozenset(CALL_BODY) - CUSTOM_DERIVATIVE
 
@@ -85,6 +90,8 @@ def call_body(eqn) -> tuple[Any, list] | None:
     key = CALL_BODY.get(eqn.primitive.name)
     if key is None:
         return None
+    if eqn.primitive.name == "custom_linear_solve":
+        return _linear_solve_body(eqn)
     body = eqn.params.get(key)
     if body is None:
         body = eqn.params.get("fun_jaxpr", eqn.params.get("call_jaxpr"))
@@ -94,6 +101,41 @@ def call_body(eqn) -> tuple[Any, list] | None:
     if len(jaxpr.constvars) != len(consts) or len(jaxpr.invars) != len(eqn.invars):
         return None  # a calling convention this walker does not know: treat as opaque
     return jaxpr, consts
+
+
+# Bodies built for custom_linear_solve equations (keyed by the solve jaxpr and avals).
+_SOLVE_BODIES: dict = {}
+
+
+def _linear_solve_body(eqn) -> tuple[Any, list] | None:
+    """A body with the equation's inputs whose value is ``custom_linear_solve``'s.
+
+    The equation's inputs are the constants of (matvec, vecmat, solve,
+    transpose_solve), then the right-hand side; its value is the ``solve``
+    jaxpr on (solve constants, right-hand side). So ``jnp.linalg.solve(K, u)``
+    is seen as the LU solve it runs: linear in ``u`` for a constant ``K``.
+    """
+    lengths, solve = eqn.params.get("const_lengths"), getattr(eqn.params["jaxprs"], "solve", None)
+    if lengths is None or solve is None:
+        return None
+    start = lengths.matvec + lengths.vecmat
+    picked = [*range(start, start + lengths.solve), *range(sum(lengths), len(eqn.invars))]
+    avals = tuple((tuple(v.aval.shape), str(v.aval.dtype)) for v in eqn.invars)
+    key = (id(solve), avals)
+    if key not in _SOLVE_BODIES:
+        import jax
+
+        inner, inner_consts = closed_parts(solve)
+
+        def value(*ins):
+            return jax.core.eval_jaxpr(inner, inner_consts, *(ins[i] for i in picked))
+
+        specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars]
+        closed = jax.make_jaxpr(value)(*specs)
+        if len(_SOLVE_BODIES) > 256:
+            _SOLVE_BODIES.clear()
+        _SOLVE_BODIES[key] = (solve, closed_parts(closed))  # holds solve: its id stays unique
+    return _SOLVE_BODIES[key][1]
 
 
 def has_sub_jaxpr(eqn) -> bool:
