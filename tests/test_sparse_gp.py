@@ -12,6 +12,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
+from numpyro.distributions import constraints
 from scipy.stats import multivariate_normal
 
 import autocvi
@@ -82,3 +83,49 @@ def test_a_solve_with_a_latent_matrix_is_not_called_conjugate():
     K = np.eye(3) + 0.1
     graph = autocvi.trace(model, dict(K=K, y=np.ones(3)))
     assert graph.edges[("y", "tau")].conjugate is False
+
+
+def titsias_model(X, Z, y=None):
+    """A sparse GP regression whose hyperparameters are learned: the projection plus
+    Titsias's trace term as a ``numpyro.factor`` (it reads no latent), so the ELBO is
+    the collapsed SVGP bound (Titsias 2009, Eq. 9) at the optimal q(u)."""
+    lengthscale = numpyro.param("lengthscale", 1.0, constraint=constraints.positive)
+    noise = numpyro.param("noise", 0.5, constraint=constraints.positive)
+
+    def k(a, b):
+        return jnp.exp(-0.5 * (a[:, None] - b[None, :]) ** 2 / lengthscale**2)
+
+    Kuu = k(Z, Z) + 1e-6 * jnp.eye(Z.shape[0])
+    Kfu = k(X, Z)
+    A = jnp.linalg.solve(Kuu, Kfu.T).T
+    u = numpyro.sample("u", dist.MultivariateNormal(jnp.zeros(Z.shape[0]), Kuu))
+    numpyro.factor("trace_term", -0.5 * (X.shape[0] - jnp.sum(A * Kfu)) / noise**2)
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(A @ u, noise), obs=y)
+
+
+def titsias_bound(log_params, x, z, y):
+    ell, s = np.exp(log_params)
+    k = lambda a, b: np.exp(-0.5 * (a[:, None] - b[None, :]) ** 2 / ell**2)  # noqa: E731
+    Kuu, Kfu = k(z, z) + 1e-6 * np.eye(len(z)), k(x, z)
+    Qff = Kfu @ np.linalg.solve(Kuu, Kfu.T)
+    fit = multivariate_normal(np.zeros(len(y)), Qff + s**2 * np.eye(len(y))).logpdf(y)
+    return fit - 0.5 * (len(y) - np.trace(Qff)) / s**2
+
+
+def test_learned_sparse_gp_hyperparameters_maximise_the_titsias_bound():
+    from scipy.optimize import minimize
+
+    x, y = data(60)
+    z = np.linspace(-3, 3, 8)
+    result = autocvi.fit(titsias_model, dict(X=x, Z=z, y=y), progress_bar=False)
+    best = minimize(
+        lambda p: -titsias_bound(p, x, z, y),
+        np.log([1.0, 0.5]),
+        method="Nelder-Mead",
+        options=dict(xatol=1e-10, fatol=1e-12, maxiter=4000),
+    )
+    assert result.converged
+    assert float(result.params["lengthscale"]) == pytest.approx(np.exp(best.x[0]), rel=1e-3)
+    assert float(result.params["noise"]) == pytest.approx(np.exp(best.x[1]), rel=1e-3)
+    assert result.elbo[-1] == pytest.approx(-best.fun, abs=1e-6)
