@@ -18,6 +18,7 @@ BENCHMARKS = (
     "logistic_regression",
     "gp_classification",
     "gp_hyperparameters",
+    "gp_regression_em",
     "gaussian_mixture",
     "factor_models",
     "zoo",

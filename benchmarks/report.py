@@ -78,6 +78,11 @@ as `numpyro.param` sites by variational EM in one fit.
 gp_hyperparameters_sonar: GP classification: hyperparameters by the ELBO, sonar
 As above, for sonar.
 
+gp_regression_em: GP regression: hyperparameters learned by variational EM against SVI
+The motorcycle data; length-scale, amplitude and noise as `numpyro.param` sites. autocvi's EM
+(M-steps on the dual bound) against SVI learning them jointly with AutoMultivariateNormal;
+both against the exact type-II maximum likelihood.
+
 gaussian_mixture: Gaussian mixture: autocvi's VMP against BayesPy and SVI
 iris, 3 components, conjugate priors: every message is exact, so CVI is VMP. BayesPy runs VMP on
 the same mean-field family; SVI enumerates z (TraceEnum_ELBO).

@@ -166,8 +166,6 @@ class Schedule:
             ),
             f"  message kinds: {', '.join(kinds)}; Monte Carlo draws per estimate: {self.num_samples}",
             "  subsampled plates (factors scaled by N/B): " + (", ".join(sub) if sub else "none"),
-            "  numpyro.param sites learned by variational EM (CVI E-steps, M-steps on the bound "
-            "with the prior moving): " + (", ".join(self.learned) if self.learned else "none"),
             "",
             _format_table(
                 ("#", "node", "q family", "shape", "incoming messages (factor (kind))"), rows
@@ -180,6 +178,12 @@ class Schedule:
             )
             for g in self.joint:
                 lines.append(f"  {g.name}: D = {g.dim}; because {g.reason}")
+        if self.graph.params:
+            lines.insert(
+                4,
+                "  numpyro.param sites learned by variational EM (CVI E-steps, M-steps on the "
+                "bound with the prior moving): " + (", ".join(self.learned) or "none"),
+            )
         for note in self.notes:
             lines.append(f"  note: {note}")
         return "\n".join(lines)
