@@ -298,7 +298,7 @@ def fit(
     if trace is not None:
         trace.excuse_boundaries(diagnostics, elbos)
     report(diagnostics, elbos.size)
-    if trace is not None and not converged and diagnostics.trustworthy:
+    if trace is not None and not trace.settled and diagnostics.trustworthy:
         warnings.warn(
             f"variational EM for the params {', '.join(learned)} did not settle in "
             f"{trace.rounds} rounds (EMOptions.max_rounds): the learned values are not "
