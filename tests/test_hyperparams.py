@@ -264,3 +264,26 @@ def test_a_noise_scale_is_learned_from_minibatches():
     assert result.em.settled
     assert float(result.params["sigma"]) == pytest.approx(float(y.std()), rel=0.03)
     assert float(result.posterior["mu"].mean) == pytest.approx(float(y.mean()), abs=0.1)
+
+
+def test_mixture_weights_on_the_simplex_are_the_mean_responsibilities():
+    """A simplex-constrained param: EM's fixed point is the textbook M-step (the weights
+    are the mean responsibilities, Bishop PRML Eq. 9.22). An integer param is held."""
+    rng = np.random.default_rng(0)
+    z = rng.choice(3, size=300, p=[0.2, 0.5, 0.3])
+    x = (rng.normal(size=300) + np.array([-2.0, 0.0, 3.0])[z]).astype(np.float32)
+
+    def mixture(x=None):
+        weights = numpyro.param("weights", jnp.ones(3) / 3, constraint=constraints.simplex)
+        numpyro.param("count", 3)
+        mu = numpyro.sample("mu", dist.Normal(0.0, 5.0).expand([3]).to_event(1))
+        with numpyro.plate("n", 300):
+            c = numpyro.sample("c", dist.Categorical(probs=weights))
+            numpyro.sample("x", dist.Normal(mu[c], 1.0), obs=x)
+
+    result = autocvi.fit(mixture, dict(x=x), progress_bar=False)
+    assert result.schedule.learned == ("weights",)
+    assert result.converged and int(result.params["count"]) == 3
+    responsibilities = np.asarray(result.posterior["c"].probs).mean(axis=0)
+    np.testing.assert_allclose(result.params["weights"], responsibilities, atol=1e-3)
+    assert float(np.sum(result.params["weights"])) == pytest.approx(1.0, abs=1e-5)

@@ -315,7 +315,11 @@ def build_schedule(
             f"fixed_params names {unknown}, which are not numpyro.param sites of the model "
             f"(its params: {sorted(graph.params) or 'none'})"
         )
-    learned = tuple(n for n in graph.params if n not in set(fixed_params)) if learn_params else ()
+    # Integer and boolean params (counts, flags) have no gradient: they are held.
+    held = set(fixed_params) | {
+        n for n in graph.params if not jnp.issubdtype(jnp.result_type(values[n]), jnp.floating)
+    }
+    learned = tuple(n for n in graph.params if n not in held) if learn_params else ()
     block_notes = []
     example = {**values, **_plate_examples(graph)}
     factors: dict[str, FactorPlan] = {}
