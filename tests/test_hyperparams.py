@@ -96,6 +96,7 @@ def test_normal_hierarchy_matches_closed_form_marginal_likelihood_optimum():
     assert result.params["tau"] == pytest.approx(np.sqrt(tau2), rel=1e-3)
 
 
+@pytest.mark.slow
 def test_fixed_params_are_held_and_the_plan_says_which_are_learned():
     x, y = motorcycle(n=4)
     schedule = autocvi.plan(gp_regression, dict(X=x, y=y), fixed_params=("noise",))
@@ -115,6 +116,7 @@ def test_fixed_params_are_held_and_the_plan_says_which_are_learned():
         autocvi.plan(gp_regression, dict(X=x, y=y), fixed_params=("sigma",))
 
 
+@pytest.mark.slow
 def test_learned_params_reach_predictive():
     x, y = motorcycle(n=4)
     result = autocvi.fit(gp_regression, dict(X=x, y=y), progress_bar=False)
@@ -181,6 +183,7 @@ def test_held_param_kernel_block_equals_the_constant_kernel():
     np.testing.assert_allclose(held.posterior["f"].mean, const.posterior["f"].mean, atol=2e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.float64
 def test_cvi_run_learns_params_as_fit_does():
     x, y = motorcycle(n=4)
@@ -227,6 +230,7 @@ def test_monte_carlo_em_agrees_with_deterministic_em():
     assert float(exact.params["prior_scale"]) > 1.2
 
 
+@pytest.mark.slow
 @pytest.mark.float64
 def test_dual_bound_is_tighter_and_needs_fewer_rounds_than_the_standard_m_step():
     """t-SVGP Sec. 3.1: the same optimum, reached in fewer EM rounds with the dual
@@ -266,6 +270,7 @@ def test_a_noise_scale_is_learned_from_minibatches():
     assert float(result.posterior["mu"].mean) == pytest.approx(float(y.mean()), abs=0.1)
 
 
+@pytest.mark.slow
 def test_mixture_weights_on_the_simplex_are_the_mean_responsibilities():
     """A simplex-constrained param: EM's fixed point is the textbook M-step (the weights
     are the mean responsibilities, Bishop PRML Eq. 9.22). An integer param is held."""

@@ -113,6 +113,7 @@ def titsias_bound(log_params, x, z, y):
     return fit - 0.5 * (len(y) - np.trace(Qff)) / s**2
 
 
+@pytest.mark.slow
 def test_learned_sparse_gp_hyperparameters_maximise_the_titsias_bound():
     from scipy.optimize import minimize
 
