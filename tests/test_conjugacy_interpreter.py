@@ -931,3 +931,20 @@ def test_speed_100k_observations():
     assert classify_edge(lik, values, "tau", "Gamma").conjugate
     assert not classify_edge(logit, values, "w", "MultivariateNormal").conjugate
     assert classify_edge(beta, values, "p", "Beta").conjugate
+
+
+def test_an_implicitly_broadcast_predictor_stays_on_its_row():
+    """``(A @ u)[None] + C`` (a (1, N) predictor broadcast against an (n, N) constant by
+    ``add`` itself) squared and summed over the new axis is quadratic in ``u``: the
+    broadcast must keep which row of ``u`` each entry lives on (it dropped that map
+    and called the sum non-conjugate, across rows)."""
+    from autocvi.analysis.conjugacy.verdict import analyse_function
+
+    rng = np.random.default_rng(0)
+    A, C = rng.normal(size=(20, 5)), rng.normal(size=(3, 20))
+
+    def fn(v):
+        return jnp.sum(-(((A @ v["u"])[None] + C) ** 2), 0)
+
+    verdict = analyse_function(fn, {"u": rng.normal(size=5)}, "u", "MultivariateNormal")
+    assert verdict.conjugate, verdict.reason

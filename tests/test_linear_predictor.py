@@ -335,3 +335,29 @@ def test_closure_over_outer_tracer():
     eta, rest, direct = step(0.5)
     np.testing.assert_allclose(eta, 0.5 * X @ W0, rtol=1e-12)
     np.testing.assert_allclose(rest, direct, rtol=1e-12)
+
+
+def test_a_quadrature_axis_inside_the_rest_is_elementwise():
+    """``sum_k w_k log sigmoid(eta + s x_k)``: a leading node axis added after eta and
+    summed out again keeps element i on eta_i (the child of an integrated conditional);
+    broadcasting eta along the *trailing* axis instead couples elements: rejected."""
+    rng = np.random.default_rng(0)
+    A, s = rng.normal(size=(30, 4)), rng.uniform(0.1, 1.0, 30)
+    x, w = np.array([-1.5, 0.0, 1.5]), np.array([0.2, 0.6, 0.2])
+
+    def fn(v):
+        eta = A @ v["u"]
+        nodes = eta[None] + s[None] * x[:, None]
+        return jnp.sum(w[:, None] * jax.nn.log_sigmoid(nodes), 0)
+
+    values = {"u": rng.normal(size=4)}
+    lp = find_linear_predictor(fn, values, "u")
+    assert lp is not None
+    np.testing.assert_allclose(lp.eta_fn(values), A @ values["u"], rtol=1e-5)
+    np.testing.assert_allclose(lp.rest_fn(lp.eta_fn(values), values), fn(values), rtol=1e-5)
+
+    def coupled(v):  # element i reads every eta_j
+        eta = A @ v["u"]
+        return jnp.sum(jax.nn.log_sigmoid(eta[:, None] + eta[None, :]), 0)
+
+    assert find_linear_predictor(coupled, values, "u") is None

@@ -130,3 +130,162 @@ def test_learned_sparse_gp_hyperparameters_maximise_the_titsias_bound():
     assert float(result.params["lengthscale"]) == pytest.approx(np.exp(best.x[0]), rel=1e-3)
     assert float(result.params["noise"]) == pytest.approx(np.exp(best.x[1]), rel=1e-3)
     assert result.elbo[-1] == pytest.approx(-best.fun, abs=1e-6)
+
+
+# --------------------------------------------------------------------------
+# The exact SVGP conditional f_i ~ Normal(k_i^T Kuu^-1 u, sqrt(k_ii - q_ii)) (issue 15, item 2):
+# the planner integrates f into its child's expectation, q(u) p(f | u), as SVGP.
+# --------------------------------------------------------------------------
+
+
+def svgp(Kuu, Kfu, kff, y=None, likelihood="normal"):
+    """How an SVGP user writes the model: inducing values u, then inside the data plate
+    the exact conditional of f given u and the likelihood of y given f."""
+    u = numpyro.sample("u", dist.MultivariateNormal(jnp.zeros(Kuu.shape[0]), Kuu))
+    A = jnp.linalg.solve(Kuu, Kfu.T).T
+    residual = jnp.clip(kff - jnp.sum(A * Kfu, -1), 1e-10)
+    with numpyro.plate("data", Kfu.shape[0]):
+        f = numpyro.sample("f", dist.Normal(A @ u, jnp.sqrt(residual)))
+        if likelihood == "normal":
+            numpyro.sample("y", dist.Normal(f, NOISE), obs=y)
+        else:
+            numpyro.sample("y", dist.Bernoulli(logits=f), obs=y)
+
+
+def svgp_inputs(n=80, m=12, classify=False):
+    x, y = data(n)
+    if classify:
+        y = np.random.default_rng(1).uniform(size=n) < 1 / (1 + np.exp(-3 * np.sin(2 * x)))
+        y = y.astype(float)
+    z = np.linspace(-3, 3, m)
+    return dict(Kuu=kernel(z, z) + 1e-6 * np.eye(m), Kfu=kernel(x, z), kff=np.ones(n), y=y)
+
+
+def test_exact_conditional_one_step_gives_titsias_posterior_and_collapsed_bound():
+    inputs = svgp_inputs()
+    schedule = autocvi.plan(svgp, inputs)
+    text = str(schedule)
+    assert "f is integrated into y's expectation" in text
+    assert "y (exact)" in text and " f " not in text.split("note:")[0]  # f is no node
+    result = autocvi.fit(svgp, inputs, num_steps=1, tol=0, progress_bar=False)
+    Kuu, Kfu, y = inputs["Kuu"], inputs["Kfu"], inputs["y"]
+    sigma = np.linalg.inv(Kuu + Kfu.T @ Kfu / NOISE**2)
+    q = result.posterior["u"]
+    np.testing.assert_allclose(q.mean, Kuu @ sigma @ Kfu.T @ y / NOISE**2, atol=1e-8)
+    np.testing.assert_allclose(q.covariance_matrix, Kuu @ sigma @ Kuu, atol=1e-8)
+    # Titsias (2009), Eq. 9: log N(y | 0, Qff + s^2 I) - tr(Kff - Qff) / (2 s^2)
+    Qff = Kfu @ np.linalg.solve(Kuu, Kfu.T)
+    bound = multivariate_normal(np.zeros(len(y)), Qff + NOISE**2 * np.eye(len(y))).logpdf(y)
+    bound -= 0.5 * np.trace(np.eye(len(y)) - Qff) / NOISE**2
+    assert result.elbo[-1] == pytest.approx(bound, abs=1e-6)
+    assert "f" not in result.sample(0, 3)  # Predictive draws f from p(f | u)
+
+
+def svgp_classification_optimum(Kuu, Kfu, kff, y):
+    """The SVGP optimum by direct maximisation of its ELBO over q(u) = N(m, L L^T)
+    (Hensman et al. 2015, Eq. 4; 60-node Gauss-Hermite; scipy L-BFGS)."""
+    import jax
+    from scipy.optimize import minimize
+
+    m = Kuu.shape[0]
+    A = np.linalg.solve(Kuu, Kfu.T).T
+    residual = np.clip(kff - np.sum(A * Kfu, -1), 1e-10, None)
+    nodes, weights = np.polynomial.hermite_e.hermegauss(60)
+    weights = weights / np.sqrt(2 * np.pi)
+    Kinv, logdetK = np.linalg.inv(Kuu), np.linalg.slogdet(Kuu)[1]
+    tril = np.tril_indices(m)
+
+    def neg_elbo(theta):
+        mean = theta[:m]
+        L = jnp.zeros((m, m)).at[tril].set(theta[m:])
+        S = L @ L.T
+        mu = A @ mean
+        var = jnp.sum((A @ L) ** 2, -1) + residual
+        f = mu[:, None] + jnp.sqrt(var)[:, None] * nodes[None]
+        ell = jnp.sum(weights * -jnp.logaddexp(0.0, -(2 * y[:, None] - 1) * f))
+        kl = 0.5 * (
+            jnp.trace(Kinv @ S)
+            + mean @ Kinv @ mean
+            - m
+            + logdetK
+            - 2 * jnp.sum(jnp.log(jnp.abs(jnp.diag(L))))
+        )
+        return -(ell - kl)
+
+    theta0 = np.concatenate([np.zeros(m), np.linalg.cholesky(Kuu)[tril]])
+    value_and_grad = jax.jit(jax.value_and_grad(neg_elbo))
+    best = minimize(
+        lambda t: tuple(np.asarray(v, dtype=float) for v in value_and_grad(t)),
+        theta0,
+        jac=True,
+        method="L-BFGS-B",
+        options=dict(maxiter=20000, gtol=1e-10, ftol=1e-15),
+    )
+    L = np.zeros((m, m))
+    L[tril] = best.x[m:]
+    return best.x[:m], L @ L.T, -best.fun
+
+
+def test_exact_conditional_classification_reaches_the_svgp_optimum():
+    inputs = svgp_inputs(n=100, m=10, classify=True)
+    inputs["likelihood"] = "bernoulli"
+    schedule = autocvi.plan(svgp, inputs)
+    assert "f is integrated into y's expectation" in str(schedule)
+    assert "y (gauss-hermite)" in str(schedule)
+    result = autocvi.fit(svgp, inputs, progress_bar=False)
+    assert result.converged
+    mean, cov, elbo = svgp_classification_optimum(
+        inputs["Kuu"], inputs["Kfu"], inputs["kff"], inputs["y"]
+    )
+    q = result.posterior["u"]
+    np.testing.assert_allclose(q.mean, mean, atol=2e-4)
+    np.testing.assert_allclose(q.covariance_matrix, cov, atol=2e-4)
+    assert result.elbo[-1] == pytest.approx(elbo, abs=1e-4)
+
+
+def random_effects(sigma_y, y=None):
+    """Group effects theta_j ~ Normal(mu, 1), one observation each: each effect carries
+    its own data, so fixing q(theta | mu) = p(theta | mu) would throw that away."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("groups", sigma_y.shape[0]):
+        theta = numpyro.sample("theta", dist.Normal(mu, 1.0))
+        numpyro.sample("y", dist.Normal(theta, sigma_y), obs=y)
+
+
+def test_the_rule_fires_where_it_loses_less_than_mean_field_and_can_be_forced():
+    # completeness: SVGP's small residuals -> integrated; soundness: informative
+    # group effects -> kept; the option forces either way
+    sparse = autocvi.plan(svgp, svgp_inputs())
+    assert [it.latent for it in sparse.integrated] == ["f"]
+    assert "f" not in sparse.nodes
+    kept = autocvi.plan(svgp, svgp_inputs(), integrate_conditionals=False)
+    assert not kept.integrated and "f" in kept.nodes
+    effects = dict(sigma_y=np.full(8, 0.1), y=np.linspace(-1, 1, 8))
+    schedule = autocvi.plan(random_effects, effects)
+    assert not schedule.integrated and "theta" in schedule.nodes or "theta" in str(schedule)
+    assert "could be integrated" in str(schedule) or schedule.joint
+    forced = autocvi.plan(random_effects, effects, integrate_conditionals=True)
+    if not forced.joint:
+        assert [it.latent for it in forced.integrated] == ["theta"]
+
+
+def test_a_latent_read_by_two_factors_or_with_a_latent_scale_is_not_integrated():
+    def two_children(Kuu, Kfu, y=None):
+        u = numpyro.sample("u", dist.MultivariateNormal(jnp.zeros(Kuu.shape[0]), Kuu))
+        with numpyro.plate("data", Kfu.shape[0]):
+            f = numpyro.sample("f", dist.Normal(Kfu @ u, 0.01))
+            numpyro.sample("y", dist.Normal(f, NOISE), obs=y)
+            numpyro.sample("y2", dist.Normal(2 * f, NOISE), obs=y)
+
+    def latent_scale(Kuu, Kfu, y=None):
+        u = numpyro.sample("u", dist.MultivariateNormal(jnp.zeros(Kuu.shape[0]), Kuu))
+        s = numpyro.sample("s", dist.HalfNormal(0.1))
+        with numpyro.plate("data", Kfu.shape[0]):
+            f = numpyro.sample("f", dist.Normal(Kfu @ u, s))
+            numpyro.sample("y", dist.Normal(f, NOISE), obs=y)
+
+    inputs = svgp_inputs()
+    inputs = dict(Kuu=inputs["Kuu"], Kfu=inputs["Kfu"], y=inputs["y"])
+    for model in (two_children, latent_scale):
+        schedule = autocvi.plan(model, inputs)
+        assert not schedule.integrated, model.__name__

@@ -271,7 +271,16 @@ _ELEMENTWISE = frozenset(
 )
 
 
+def _ends_with(sh, shape) -> bool:
+    sh, shape = tuple(sh), tuple(shape)
+    return len(sh) >= len(shape) and sh[len(sh) - len(shape) :] == shape
+
+
 def _diag_rule(e: _Eqn, cls: list[int], g: _Graph, shape=()) -> list[int]:
+    """DIAG: the value's shape is ``lead + shape`` and its element ``[l, i]`` depends on
+    ``eta[i]`` only. Leading axes let a quadrature rule inside the factor (the nodes of
+    an integrated conditional, :mod:`autocvi.analysis.integrate`) be a new leading axis
+    that is summed out again."""
     name = e.prim.name
     n_out = len(e.outs)
     if all(c == CONST for c in cls):
@@ -281,26 +290,39 @@ def _diag_rule(e: _Eqn, cls: list[int], g: _Graph, shape=()) -> list[int]:
     if name in CUSTOM_DERIVATIVE:
         out = _custom_rule(e, cls, _diag_rule, shape=shape)
         return out if out is not None else [OTHER] * n_out
-    diag_shapes_ok = all(
-        _aval_of(g, r).shape == shape for r, c in zip(e.ins, cls) if c == DIAG
-    ) and all(g.avals[o].shape == shape for o in e.outs if o >= 0)
+    in_shapes = [tuple(_aval_of(g, r).shape) for r, c in zip(e.ins, cls) if c == DIAG]
+    diag_shapes_ok = all(_ends_with(sh, shape) for sh in in_shapes) and all(
+        _ends_with(g.avals[o].shape, shape) for o in e.outs if o >= 0
+    )
     if not diag_shapes_ok or n_out != 1:
         return [OTHER] * n_out
     p = e.params
     nd = len(shape)
-    ok = name in _ELEMENTWISE
+    out_rank = len(g.avals[e.outs[0]].shape)
+    lead = out_rank - nd  # leading (quadrature) axes of the output
+    ok = name in _ELEMENTWISE and all(len(sh) == out_rank for sh in in_shapes)
     if name == "broadcast_in_dim":
-        ok = tuple(p["broadcast_dimensions"]) == tuple(range(nd)) and all(
-            c == CONST for c in cls[1:]
+        dims = tuple(p["broadcast_dimensions"])
+        ok = (
+            len(dims) >= nd
+            and dims[len(dims) - nd :] == tuple(range(lead, out_rank))
+            and all(c == CONST for c in cls[1:])
         )
     elif name == "reshape":
-        ok = p.get("dimensions") is None and all(c == CONST for c in cls[1:])
+        ok = (
+            p.get("dimensions") is None
+            and all(c == CONST for c in cls[1:])
+            and _ends_with(in_shapes[0], shape)
+        )
     elif name == "squeeze":
-        ok = tuple(p["dimensions"]) == ()
+        ok = all(
+            d % (out_rank + len(p["dimensions"])) < len(in_shapes[0]) - nd for d in p["dimensions"]
+        )
     elif name == "transpose":
-        ok = tuple(p["permutation"]) == tuple(range(nd))
-    elif name == "reduce_sum":
-        ok = tuple(p["axes"]) == ()
+        perm = tuple(p["permutation"])
+        ok = perm[len(perm) - nd :] == tuple(range(len(perm) - nd, len(perm)))
+    elif name in ("reduce_sum", "reduce_max", "reduce_min"):
+        ok = all(a < len(in_shapes[0]) - nd for a in p["axes"])
     return [DIAG if ok else OTHER]
 
 

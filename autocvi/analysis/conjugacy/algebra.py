@@ -215,7 +215,10 @@ def broadcast(p: Poly, shape) -> Poly:
     for m, t in p.terms.items():
         c = None if t.c is None else np.broadcast_to(t.c, shape)
         idx = None if t.idx is None else np.broadcast_to(t.idx, shape)
-        terms[m] = Term(c, idx)
+        # the group map too: dropping it read an implicit broadcast (add of a (1, N)
+        # predictor and an (n, N) constant) as coupling several rows
+        grp = None if t.grp is None else np.broadcast_to(t.grp, shape)
+        terms[m] = Term(c, idx, grp)
     return Poly(terms, shape)
 
 

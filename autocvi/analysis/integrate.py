@@ -1,0 +1,355 @@
+"""Local Gaussian conditionals integrated into their one child: q(u) p(f | u), as SVGP.
+
+A sparse GP written with the exact SVGP conditional,
+
+    u = sample("u", MultivariateNormal(0, Kuu))
+    with plate("data", N):
+        f = sample("f", Normal(A @ u, sqrt(k_ii - q_ii)))      # A = Kfu Kuu^-1
+        sample("y", Bernoulli(logits=f), obs=y)
+
+has a local Gaussian latent ``f`` whose conditional is linear-Gaussian in a
+global Gaussian ``u`` and whose only child is one likelihood factor that reads
+it element by element. SVGP (Hensman, Matthews & Ghahramani 2015, Eq. 4;
+Chang, Khan & Solin, *Dual Parameterization of Sparse Variational Gaussian
+Processes*, Eq. 5) takes ``q(u, f) = q(u) p(f | u)``: the conditional is not
+fitted, so ``KL[q(u, f) || p(u, f)] = KL[q(u) || p(u)]`` and the likelihood is
+scored under ``f_i = loc_i(u) + s_i eps_i``, ``eps_i ~ N(0, 1)``. The planner
+rule here does that for any model of this shape: the factor graph loses the
+latent ``f`` and its prior, and the child's density becomes
+
+    g(u) = E_{p(f | u)}[log p(y | f)] = sum_k w_k log p(y | loc(u) + s x_k)
+
+(a Gauss-Hermite rule in ``eps``, exact with the two nodes +-1 when the child
+is conjugate to ``f``: its log density is then quadratic in ``f``). ``E_q(u)[g]``
+is SVGP's expected log-likelihood, so the rest of the planner sees an ordinary
+factor of ``u``: exact messages for a Gaussian likelihood (one step gives
+Titsias's collapsed posterior), Gauss-Hermite messages on the predictor
+``loc(u)`` otherwise, and ``u`` stays eligible for a Gaussian block.
+
+When it fires. Fixing ``q(f | u) = p(f | u)`` is an approximation, and so is the
+alternative, a q of its own for ``f`` mean-field with ``u``. Per element the
+first loses about ``1/2 log(1 + s_i^2 c_i)`` nats (``c_i`` the child's curvature
+in ``f_i``: what one observation would have taught ``f_i`` beyond ``u``), the
+second about ``1/2 log(1 + v_i / s_i^2)`` (``v_i`` the prior variance of
+``loc_i(u)``: the coupling mean-field drops). With ``integrate_conditionals=None``
+(the default) the rule fires when the first estimate is the smaller, which is
+the sparse-GP regime (small residual variance ``k_ii - q_ii``), and not for a
+random-effects model whose group effects carry their own data; ``True`` /
+``False`` force it. ``plan()`` prints the decision and both estimates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from numpyro.distributions import Distribution, Normal, constraints
+
+from ..families.base import unwrap_distribution
+from ..jaxpr import structural_jit
+from ..model.graph import FactorGraph
+from .expectations import GH_NODES, GH_WEIGHTS
+from .layout import LatentLayout
+
+__all__ = ["Integration", "find_integrations", "integrate_conditionals"]
+
+_GAUSSIAN_Q = ("Normal", "MultivariateNormal")
+# Prior draws of the global latents behind the estimate of loc(u)'s prior variance.
+_PRIOR_DRAWS = 32
+
+
+@dataclass(frozen=True)
+class Integration:
+    """A local latent integrated into its child's expectation (module docstring)."""
+
+    latent: str  # f
+    child: str  # the one factor besides its prior that reads f
+    parents: tuple[str, ...]  # the global Gaussian latents of f's conditional mean
+    num_nodes: int  # quadrature nodes in eps: 2 for a conjugate child, else GH_ORDER
+    gap_integrated: float  # estimated nats lost per element by q(f | u) = p(f | u)
+    gap_mean_field: float  # estimated nats lost per element by q(u) q(f)
+    fires: bool
+
+    def describe(self) -> str:
+        parents = ", ".join(self.parents)
+        gaps = (
+            f"estimated nats lost per element: {self.gap_integrated:.3g} integrated, "
+            f"{self.gap_mean_field:.3g} mean-field"
+        )
+        if self.fires:
+            return (
+                f"{self.latent} is integrated into {self.child}'s expectation: "
+                f"q({parents}) p({self.latent} | {parents}), as SVGP, with a "
+                f"{self.num_nodes}-node rule in its residual ({gaps}; "
+                f"integrate_conditionals=False keeps a q of its own for {self.latent})"
+            )
+        return (
+            f"{self.latent} could be integrated into {self.child}'s expectation "
+            f"(q({parents}) p({self.latent} | {parents}), as SVGP) but keeps a q of its own "
+            f"({gaps}; integrate_conditionals=True integrates it)"
+        )
+
+
+def find_integrations(
+    graph: FactorGraph,
+    layouts: dict[str, LatentLayout],
+    joint_groups=(),
+    option: bool | None = None,
+) -> list[Integration]:
+    """The latents of a classified graph that qualify (module docstring), with the decision.
+
+    A latent ``f`` qualifies when: its q is an elementwise Normal on the real
+    line inside at least one plate and its prior is a ``Normal``; its prior's
+    other latents are Gaussian, outside ``f``'s plates, and conjugate (so the
+    mean is affine in them and the scale reads none of them); exactly one other
+    factor reads ``f``, with ``f``'s batch shape, each element reading only its
+    own element of ``f``; and no joint Gaussian group holds ``f`` (a joint q
+    over ``f`` and ``u`` contains both approximations). ``option``: None decides
+    by the estimated gaps, True / False force the decision.
+    """
+    if option is False:
+        return []
+    in_group = {m for g in joint_groups for m in g.member_names}
+    found = []
+    for f in graph.latent_names:
+        item = _qualifies(graph, layouts, f, in_group)
+        if item is None:
+            continue
+        child, parents, conjugate_child = item
+        gaps = _estimated_gaps(graph, f, child, parents)
+        if gaps is None:
+            continue
+        gap_int, gap_mf = gaps
+        fires = bool(option) or gap_int < gap_mf
+        num_nodes = 2 if conjugate_child else len(GH_NODES)
+        found.append(Integration(f, child, parents, num_nodes, gap_int, gap_mf, fires))
+    return found
+
+
+def _qualifies(graph, layouts, f, in_group):
+    var = graph.variables[f]
+    lay = layouts[f]
+    if (
+        f in in_group
+        or not var.plates
+        or lay.q_family != "Normal"
+        or lay.transform is not None
+        or var.discrete
+    ):
+        return None
+    prior, _ = graph.example_site(f)
+    support = prior.support
+    if isinstance(support, constraints.independent):
+        support = support.base_constraint
+    if type(unwrap_distribution(prior)) is not Normal or support is not constraints.real:
+        return None
+    own = graph.factors[f]
+    parents = tuple(p for p in own.latents if p != f)
+    if not parents:
+        return None
+    f_plates = {p.name for p in var.plates}
+    for p in parents:
+        pvar = graph.variables[p]
+        if (
+            layouts[p].q_family not in _GAUSSIAN_Q
+            or layouts[p].transform is not None
+            or not graph.edges[(f, p)].conjugate
+            or any(pl.name in f_plates for pl in pvar.plates)
+            or any(pl.subsampled for pl in pvar.plates)
+        ):
+            return None
+    others = [fac for fac in graph.factors.values() if f in fac.latents and fac.name != f]
+    if len(others) != 1:
+        return None
+    child = others[0]
+    if child.latents and any(
+        lat != f and any(pl.name in f_plates for pl in graph.variables[lat].plates)
+        for lat in child.latents
+    ):
+        return None  # another local latent of the same plates: not one 1-D expectation
+    if not _reads_elementwise(graph, child.name, f):
+        return None
+    return child.name, parents, bool(graph.edges[(child.name, f)].conjugate)
+
+
+def _reads_elementwise(graph: FactorGraph, child: str, f: str) -> bool:
+    """The child's log density has ``f``'s batch shape and element ``i`` reads only ``f_i``
+    (two Jacobian-vector products: a diagonal Jacobian maps ``t * r`` to ``(J t) * r``)."""
+    values = graph.example_values
+    fn = graph.log_density_fn(child)
+    x = jnp.asarray(values[f])
+    out = jax.eval_shape(fn, values)
+    if tuple(out.shape) != tuple(x.shape):
+        return False
+    r = np.random.RandomState(3).uniform(0.5, 1.5, x.shape).astype(x.dtype)
+
+    @structural_jit(runs_once=True)
+    def jvps(vals):
+        def at(xf):
+            return fn({**vals, f: xf})
+
+        ones = jax.jvp(at, (vals[f],), (jnp.ones_like(vals[f]),))[1]
+        scaled = jax.jvp(at, (vals[f],), (jnp.asarray(r),))[1]
+        return ones, scaled
+
+    ones, scaled = (np.asarray(a) for a in jvps(values))
+    tol = 1e-5 * (1.0 + np.max(np.abs(ones * r)))
+    return bool(np.all(np.isfinite(ones))) and bool(np.all(np.abs(ones * r - scaled) <= tol))
+
+
+def _estimated_gaps(graph: FactorGraph, f: str, child: str, parents) -> tuple | None:
+    """Per-element estimates of the nats each approximation loses (module docstring):
+    the child's curvature at the traced values, the prior's scale there, and the
+    variance of the prior's mean over prior draws of the parents."""
+    values = graph.example_values
+    fn = graph.log_density_fn(child)
+    prior_fn = graph.site_fn(f)
+    shape = tuple(jnp.shape(values[f]))
+
+    @structural_jit(runs_once=True)
+    def curvature_and_scale(vals):
+        def total(xf):
+            return jnp.sum(fn({**vals, f: xf}))
+
+        x = vals[f]
+        curv = jax.jvp(jax.grad(total), (x,), (jnp.ones_like(x),))[1]
+        base = unwrap_distribution(prior_fn(vals)[0])
+        return -curv, jnp.broadcast_to(base.scale, shape)
+
+    draw = graph.draw_latents
+
+    @structural_jit(runs_once=True)
+    def prior_means(keys):
+        def one(key):
+            drawn = draw(key)
+            base = unwrap_distribution(prior_fn({**values, **drawn})[0])
+            return jnp.broadcast_to(base.loc, shape)
+
+        return jax.vmap(one)(keys)
+
+    try:
+        c, s = (np.asarray(a, dtype=float) for a in curvature_and_scale(values))
+        locs = np.asarray(prior_means(jax.random.split(jax.random.PRNGKey(5), _PRIOR_DRAWS)))
+    except Exception:  # noqa: BLE001 - a model the estimate cannot run: no integration
+        return None
+    v = np.var(locs.astype(float), axis=0)
+    s2 = np.maximum(s**2, 1e-300)
+    ok = np.isfinite(c) & np.isfinite(s2) & np.isfinite(v)
+    if not np.any(ok):
+        return None
+    gap_int = 0.5 * np.log1p(s2[ok] * np.maximum(c[ok], 0.0))
+    gap_mf = 0.5 * np.log1p(v[ok] / s2[ok])
+    return float(np.mean(gap_int)), float(np.mean(gap_mf))
+
+
+class IntegratedChild(Distribution):
+    """The child's density with ``f`` integrated out under ``p(f | u)`` by a quadrature rule.
+
+    ``log_prob`` returns the precomputed ``sum_k w_k log p(y | loc(u) + s x_k)``
+    whatever value it is given (the site's observed value); ``child`` is the
+    child's distribution at ``f = loc(u)``, kept for support and shapes.
+    """
+
+    arg_constraints = {}
+
+    def __init__(self, log_density, child):
+        self._log_density = log_density
+        self.child = child
+        super().__init__(batch_shape=jnp.shape(log_density), validate_args=False)
+
+    @property
+    def support(self):
+        return self.child.support
+
+    def log_prob(self, value):
+        return self._log_density
+
+    def sample(self, key, sample_shape=()):
+        return self.child.sample(key, sample_shape)
+
+
+def _rule(num_nodes: int, dtype):
+    if num_nodes == 2:
+        return jnp.asarray([-1.0, 1.0], dtype), jnp.asarray([0.5, 0.5], dtype)
+    return jnp.asarray(GH_NODES, dtype), jnp.asarray(GH_WEIGHTS, dtype)
+
+
+def integrate_conditionals(graph: FactorGraph, integrations) -> FactorGraph:
+    """``graph`` with every firing integration applied (unclassified edges of the children).
+
+    The integrated latents and their priors leave the graph; each child's
+    factor reads the parents instead, and its density is :class:`IntegratedChild`.
+    Classify the result again (:func:`autocvi.analysis.classify.classify_graph`).
+    """
+    firing = [it for it in integrations if it.fires]
+    if not firing:
+        return graph
+    builder = graph._site_fn_builder
+    by_child = {it.child: it for it in firing}
+    shapes = {it.latent: tuple(graph.variables[it.latent].shape) for it in firing}
+
+    def new_builder(name: str):
+        inner = builder(name)
+        it = by_child.get(name)
+        if it is None:
+            return inner
+        prior_fn = builder(it.latent)
+        shape = shapes[it.latent]
+
+        def site_fn(values, with_scale: bool = False):
+            base = unwrap_distribution(prior_fn(values)[0])
+            loc = jnp.broadcast_to(base.loc, shape)
+            scale = jnp.broadcast_to(base.scale, shape)
+            x, w = _rule(it.num_nodes, jnp.result_type(loc))
+            nodes = loc[None] + scale[None] * jnp.reshape(x, (-1,) + (1,) * len(shape))
+
+            def child_log_density(fk):
+                d, value, sc = inner({**values, it.latent: fk}, with_scale=True)
+                lp = d.log_prob(value)
+                return lp if sc is None else lp * sc
+
+            per_node = jax.vmap(child_log_density)(nodes)
+            # a weighted sum over the node axis (mul and reduce_sum: the conjugacy
+            # interpreter reads them as a sum of the children's statistics)
+            lp = jnp.sum(jnp.reshape(w, (-1,) + (1,) * (per_node.ndim - 1)) * per_node, axis=0)
+            d0, value = inner({**values, it.latent: loc})
+            out = IntegratedChild(lp, d0)
+            return (out, value, None) if with_scale else (out, value)
+
+        return site_fn
+
+    new_builder.run = builder.run
+    drop = {it.latent for it in firing}
+    variables = {n: v for n, v in graph.variables.items() if n not in drop}
+    factors = {}
+    for name, fac in graph.factors.items():
+        if name in drop:
+            continue
+        it = by_child.get(name)
+        if it is not None:
+            latents = tuple(
+                dict.fromkeys([*(n for n in fac.latents if n != it.latent), *it.parents]).keys()
+            )
+            params = tuple(dict.fromkeys([*fac.params, *graph.factors[it.latent].params]).keys())
+            fac = replace(fac, latents=latents, params=params)
+        factors[name] = fac
+    edges = {
+        k: e
+        for k, e in graph.edges.items()
+        if k[1] not in drop and k[0] not in drop and k[0] not in by_child
+    }
+    return replace(
+        graph,
+        variables=variables,
+        factors=factors,
+        edges=edges,
+        _site_fn_builder=new_builder,
+        _example_trace=None,
+    )
+
+
+def integrated_marginal_note(integrations) -> list[str]:
+    """plan()'s lines about the rule (one per qualifying latent)."""
+    return [it.describe() for it in integrations]
