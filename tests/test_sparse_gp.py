@@ -258,15 +258,22 @@ def test_the_rule_fires_where_it_loses_less_than_mean_field_and_can_be_forced():
     sparse = autocvi.plan(svgp, svgp_inputs())
     assert [it.latent for it in sparse.integrated] == ["f"]
     assert "f" not in sparse.nodes
-    kept = autocvi.plan(svgp, svgp_inputs(), integrate_conditionals=False)
-    assert not kept.integrated and "f" in kept.nodes
+    held = autocvi.plan(svgp, svgp_inputs(), integrate_conditionals=False)
+    assert not held.integrated and "f" in held.nodes
     effects = dict(sigma_y=np.full(8, 0.1), y=np.linspace(-1, 1, 8))
-    schedule = autocvi.plan(random_effects, effects)
-    assert not schedule.integrated and "theta" in schedule.nodes or "theta" in str(schedule)
-    assert "could be integrated" in str(schedule) or schedule.joint
-    forced = autocvi.plan(random_effects, effects, integrate_conditionals=True)
-    if not forced.joint:
-        assert [it.latent for it in forced.integrated] == ["theta"]
+    # one joint Gaussian over (mu, theta) contains both approximations: it is kept
+    joint = autocvi.plan(random_effects, effects)
+    assert joint.joint and not joint.integrated
+    assert "keeps the joint Gaussian q(mu,theta)" in str(joint)
+    # mean-field: each effect's own observation outweighs what mean-field drops
+    kept = autocvi.plan(random_effects, effects, structure="mean-field")
+    assert not kept.integrated and "theta" in kept.nodes
+    assert "theta could be integrated into y's expectation" in str(kept)
+    forced = autocvi.plan(
+        random_effects, effects, structure="mean-field", integrate_conditionals=True
+    )
+    assert [it.latent for it in forced.integrated] == ["theta"]
+    assert list(forced.nodes) == ["mu"]
 
 
 def test_a_latent_read_by_two_factors_or_with_a_latent_scale_is_not_integrated():
@@ -289,3 +296,44 @@ def test_a_latent_read_by_two_factors_or_with_a_latent_scale_is_not_integrated()
     for model in (two_children, latent_scale):
         schedule = autocvi.plan(model, inputs)
         assert not schedule.integrated, model.__name__
+
+
+def svgp_learned(X, Z, y=None):
+    """The exact SVGP conditional with learned hyperparameters: no trace term written by
+    hand; integrating f gives it (Titsias's bound is the SVGP ELBO at the optimal q(u))."""
+    lengthscale = numpyro.param("lengthscale", 1.0, constraint=constraints.positive)
+    noise = numpyro.param("noise", 0.5, constraint=constraints.positive)
+
+    def k(a, b):
+        return jnp.exp(-0.5 * (a[:, None] - b[None, :]) ** 2 / lengthscale**2)
+
+    Kuu, Kfu = k(Z, Z) + 1e-6 * jnp.eye(Z.shape[0]), k(X, Z)
+    A = jnp.linalg.solve(Kuu, Kfu.T).T
+    u = numpyro.sample("u", dist.MultivariateNormal(jnp.zeros(Z.shape[0]), Kuu))
+    residual = jnp.clip(1.0 - jnp.sum(A * Kfu, -1), 1e-10)
+    with numpyro.plate("data", X.shape[0]):
+        f = numpyro.sample("f", dist.Normal(A @ u, jnp.sqrt(residual)))
+        numpyro.sample("y", dist.Normal(f, noise), obs=y)
+
+
+@pytest.mark.slow
+def test_exact_conditional_learned_hyperparameters_maximise_the_titsias_bound():
+    from scipy.optimize import minimize
+
+    x, y = data(60)
+    z = np.linspace(-3, 3, 8)
+    schedule = autocvi.plan(svgp_learned, dict(X=x, Z=z, y=y))
+    # u's kernel reads learned params, so u and f would form one joint Gaussian (the
+    # FITC model's exact posterior); integrating loses next to nothing and wins
+    assert [it.latent for it in schedule.integrated] == ["f"] and not schedule.joint
+    result = autocvi.fit(svgp_learned, dict(X=x, Z=z, y=y), progress_bar=False)
+    best = minimize(
+        lambda p: -titsias_bound(p, x, z, y),
+        np.log([1.0, 0.5]),
+        method="Nelder-Mead",
+        options=dict(xatol=1e-10, fatol=1e-12, maxiter=4000),
+    )
+    assert result.converged
+    assert float(result.params["lengthscale"]) == pytest.approx(np.exp(best.x[0]), rel=1e-4)
+    assert float(result.params["noise"]) == pytest.approx(np.exp(best.x[1]), rel=1e-4)
+    assert result.elbo[-1] == pytest.approx(-best.fun, abs=1e-6)

@@ -58,6 +58,8 @@ __all__ = ["Integration", "find_integrations", "integrate_conditionals"]
 _GAUSSIAN_Q = ("Normal", "MultivariateNormal")
 # Prior draws of the global latents behind the estimate of loc(u)'s prior variance.
 _PRIOR_DRAWS = 32
+# Estimated nats per element below which integrating is preferred to a joint Gaussian.
+NEGLIGIBLE_GAP = 0.05
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class Integration:
     gap_integrated: float  # estimated nats lost per element by q(f | u) = p(f | u)
     gap_mean_field: float  # estimated nats lost per element by q(u) q(f)
     fires: bool
+    alternative: str = "a q of its own, mean-field"  # what f gets when the rule does not fire
 
     def describe(self) -> str:
         parents = ", ".join(self.parents)
@@ -83,12 +86,12 @@ class Integration:
                 f"{self.latent} is integrated into {self.child}'s expectation: "
                 f"q({parents}) p({self.latent} | {parents}), as SVGP, with a "
                 f"{self.num_nodes}-node rule in its residual ({gaps}; "
-                f"integrate_conditionals=False keeps a q of its own for {self.latent})"
+                f"integrate_conditionals=False gives {self.latent} {self.alternative})"
             )
         return (
             f"{self.latent} could be integrated into {self.child}'s expectation "
-            f"(q({parents}) p({self.latent} | {parents}), as SVGP) but keeps a q of its own "
-            f"({gaps}; integrate_conditionals=True integrates it)"
+            f"(q({parents}) p({self.latent} | {parents}), as SVGP) but keeps "
+            f"{self.alternative} ({gaps}; integrate_conditionals=True integrates it)"
         )
 
 
@@ -105,16 +108,17 @@ def find_integrations(
     other latents are Gaussian, outside ``f``'s plates, and conjugate (so the
     mean is affine in them and the scale reads none of them); exactly one other
     factor reads ``f``, with ``f``'s batch shape, each element reading only its
-    own element of ``f``; and no joint Gaussian group holds ``f`` (a joint q
-    over ``f`` and ``u`` contains both approximations). ``option``: None decides
-    by the estimated gaps, True / False force the decision.
+    own element of ``f``. ``option``: None decides by the estimated gaps (when
+    ``joint_groups`` put ``f`` in a joint Gaussian, which contains both
+    approximations but costs cubic time in ``f``'s size, only where the
+    integrated gap is also below :data:`NEGLIGIBLE_GAP`), True / False force it.
     """
     if option is False:
         return []
-    in_group = {m for g in joint_groups for m in g.member_names}
+    group_of = {m: g.name for g in joint_groups for m in g.member_names}
     found = []
     for f in graph.latent_names:
-        item = _qualifies(graph, layouts, f, in_group)
+        item = _qualifies(graph, layouts, f)
         if item is None:
             continue
         child, parents, conjugate_child = item
@@ -122,22 +126,25 @@ def find_integrations(
         if gaps is None:
             continue
         gap_int, gap_mf = gaps
-        fires = bool(option) or gap_int < gap_mf
+        group = group_of.get(f)
+        if option:
+            fires = True
+        elif group is None:
+            fires = gap_int < gap_mf
+        else:
+            # a joint Gaussian holds both approximations but costs O((m + N)^3): give
+            # it up only where integrating loses next to nothing (the sparse-GP regime)
+            fires = gap_int < gap_mf and gap_int <= NEGLIGIBLE_GAP
         num_nodes = 2 if conjugate_child else len(GH_NODES)
-        found.append(Integration(f, child, parents, num_nodes, gap_int, gap_mf, fires))
+        alternative = f"the joint Gaussian {group}" if group else "a q of its own, mean-field"
+        found.append(Integration(f, child, parents, num_nodes, gap_int, gap_mf, fires, alternative))
     return found
 
 
-def _qualifies(graph, layouts, f, in_group):
+def _qualifies(graph, layouts, f):
     var = graph.variables[f]
     lay = layouts[f]
-    if (
-        f in in_group
-        or not var.plates
-        or lay.q_family != "Normal"
-        or lay.transform is not None
-        or var.discrete
-    ):
+    if not var.plates or lay.q_family != "Normal" or lay.transform is not None or var.discrete:
         return None
     prior, _ = graph.example_site(f)
     support = prior.support

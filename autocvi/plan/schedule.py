@@ -274,12 +274,11 @@ def plan(
         groups, notes = find_joint_groups(graph, latent_layouts(graph))
     # Local Gaussian conditionals integrated into their child (q(u) p(f | u), as SVGP).
     integrations = find_integrations(graph, latent_layouts(graph), groups, integrate)
-    notes = [*notes, *(it.describe() for it in integrations)]
     if any(it.fires for it in integrations):
         graph = classify_graph(integrate_conditionals(graph, integrations))
         if structure == "joint":
-            groups, more = find_joint_groups(graph, latent_layouts(graph))
-            notes = [*notes, *more]
+            groups, notes = find_joint_groups(graph, latent_layouts(graph))
+    notes = [*notes, *(it.describe() for it in integrations)]
     if not groups:
         schedule = build_schedule(graph, num_samples=num_samples, step_size=step_size, **options)
         schedule.notes = (*notes, *schedule.notes)
