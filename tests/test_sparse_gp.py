@@ -337,3 +337,19 @@ def test_exact_conditional_learned_hyperparameters_maximise_the_titsias_bound():
     assert float(result.params["lengthscale"]) == pytest.approx(np.exp(best.x[0]), rel=1e-4)
     assert float(result.params["noise"]) == pytest.approx(np.exp(best.x[1]), rel=1e-4)
     assert result.elbo[-1] == pytest.approx(-best.fun, abs=1e-6)
+
+
+def test_integrate_conditionals_reaches_the_planner_through_fit_and_cvi():
+    inputs = svgp_inputs(n=40, m=6)
+    result = autocvi.fit(
+        svgp, inputs, integrate_conditionals=False, num_steps=2, tol=0, progress_bar=False
+    )
+    assert not result.schedule.integrated and "f" in result.posterior
+    cvi = autocvi.CVI(svgp)  # the default integrates f: CVI's data-as-params plan too
+    state = cvi.init(0, **inputs)
+    assert [it.latent for it in cvi.get_schedule(state).integrated] == ["f"]
+    run = cvi.run(0, 1, **inputs)
+    Kuu, Kfu, y = inputs["Kuu"], inputs["Kfu"], inputs["y"]
+    sigma = np.linalg.inv(Kuu + Kfu.T @ Kfu / NOISE**2)
+    mean = cvi.get_posterior(run.state)["u"].mean
+    np.testing.assert_allclose(mean, Kuu @ sigma @ Kfu.T @ y / NOISE**2, atol=1e-8)
