@@ -5,11 +5,14 @@ integrated into y's expectation, reaches the optimum of the direct maximisation 
 SVGP ELBO to float32 accuracy, and the rule's estimates do not depend on x64.
 """
 
+import warnings
+
 import numpy as np
 import pytest
 from test_sparse_gp import svgp, svgp_classification_optimum, svgp_inputs  # noqa: E402
 
 import autocvi
+from autocvi.infer.convergence import FitWarning
 
 
 def test_float32_classification_reaches_the_svgp_optimum():
@@ -27,3 +30,41 @@ def test_float32_classification_reaches_the_svgp_optimum():
     assert np.max(np.abs(np.asarray(q.mean) - mean) / sd) < 0.02
     assert np.max(np.abs(np.sqrt(np.diag(np.asarray(q.covariance_matrix))) / sd - 1)) < 0.02
     assert result.elbo[-1] == pytest.approx(elbo, abs=0.01)
+
+
+def minibatched_svgp(Kuu, Kfu, y=None, B=None):
+    """The SVGP conditional inside a subsampled data plate (a user's minibatch SVGP)."""
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+
+    u = numpyro.sample("u", dist.MultivariateNormal(jnp.zeros(Kuu.shape[0]), Kuu))
+    with numpyro.plate("data", Kfu.shape[0], subsample_size=B) as idx:
+        K = jnp.asarray(Kfu)[idx]
+        A = jnp.linalg.solve(Kuu, K.T).T
+        residual = jnp.clip(1.0 - jnp.sum(A * K, -1), 1e-6)
+        f = numpyro.sample("f", dist.Normal(A @ u, jnp.sqrt(residual)))
+        numpyro.sample("y", dist.Bernoulli(logits=f), obs=jnp.asarray(y)[idx])
+
+
+def test_a_minibatched_svgp_says_converged_only_near_the_full_batch_answer():
+    """Soundness of the stochastic stopping rule: the minibatch ELBO's noise hid the
+    trend and the fit said converged 0.9 posterior sd short of the full-batch q(u);
+    q's movement between chunks now has to vanish too."""
+    from test_sparse_gp import kernel
+
+    rng = np.random.default_rng(0)
+    n, m = 1000, 12
+    x = np.sort(rng.uniform(-3, 3, n))
+    y = (rng.uniform(size=n) < 1 / (1 + np.exp(-3 * np.sin(2 * x)))).astype(np.float32)
+    z = np.linspace(-3, 3, m)
+    data = dict(Kuu=kernel(z, z) + 1e-4 * np.eye(m), Kfu=kernel(x, z), y=y)
+    full = autocvi.fit(minibatched_svgp, data, progress_bar=False)
+    assert full.converged
+    with warnings.catch_warnings():  # a not-converged fit warns: that is allowed here
+        warnings.simplefilter("ignore", FitWarning)
+        mb = autocvi.fit(minibatched_svgp, {**data, "B": 100}, num_steps=200, progress_bar=False)
+    assert [it.latent for it in mb.schedule.integrated] == ["f"]
+    sd = np.sqrt(np.diag(np.asarray(full.posterior["u"].covariance_matrix)))
+    error = np.max(np.abs(np.asarray(mb.posterior["u"].mean - full.posterior["u"].mean)) / sd)
+    assert not mb.converged or error < 0.3, (mb.converged, error)
