@@ -19,6 +19,7 @@ BENCHMARKS = (
     "gp_classification",
     "gp_hyperparameters",
     "gp_regression_em",
+    "svgp_banana",
     "gaussian_mixture",
     "factor_models",
     "zoo",

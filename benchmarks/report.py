@@ -83,6 +83,12 @@ The motorcycle data; length-scale, amplitude and noise as `numpyro.param` sites.
 (M-steps on the dual bound) against SVI learning them jointly with AutoMultivariateNormal;
 both against the exact type-II maximum likelihood.
 
+svgp_banana: Sparse GP classification: hyperparameters by EM against SVI (t-SVGP Fig. 1-2)
+The banana toy (400 points), m = 10 fixed inducing inputs, amplitude and length-scale as
+`numpyro.param` sites from (1, 1), written with the exact SVGP conditional (integrated by the
+planner). autocvi's EM on the dual and the standard bound against SVI (whitened and unwhitened
+AutoMultivariateNormal q(u), Adam), all scored by the exact SVGP ELBO.
+
 gaussian_mixture: Gaussian mixture: autocvi's VMP against BayesPy and SVI
 iris, 3 components, conjugate priors: every message is exact, so CVI is VMP. BayesPy runs VMP on
 the same mean-field family; SVI enumerates z (TraceEnum_ELBO).

@@ -390,6 +390,24 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         return new, jnp.where(ok, b, 0.0), k
 
     # ----------------------------------------------------------- init/step
+    # Gauss-Hermite messages to a whole-site Gaussian from a factor that reads learned
+    # params and no other latent: the dual M-step holds their sites in predictor space
+    # (t-SVGP's sites on f), not the message to the node (see move_params).
+    predictor_sites = [
+        (i, fname)
+        for i, node in nodes.items()
+        if i not in blocks
+        and node.layout.q_family == "MultivariateNormal"
+        and node.layout.plate_ndim == 0
+        for fname, kind in node.incoming
+        if kind == GAUSS_HERMITE.name
+        and factors[fname].latents == (i,)
+        and not factors[fname].subsampled
+        and i in factors[fname].linear_predictors
+        and fname in graph.factors
+        and set(graph.factors[fname].params) & set(schedule.learned)
+    ]
+
     def init(rng_key) -> CVIState:
         natural = initial_natural(schedule, rng_key)
         elbo_key = jax.random.fold_in(rng_key, 1)
@@ -419,7 +437,12 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         prior, or a conjugate likelihood whose only latent is the node) moves
         with them, and the rest of each node's natural parameter (what the
         E-step estimated) is held: lam_i(theta) = lam_i - sum_a m_a(theta_t) +
-        sum_a m_a(theta). Any q gives a lower bound, so the ELBO at this q is
+        sum_a m_a(theta). A Gauss-Hermite message to a whole-site Gaussian from a
+        factor that reads the params (a GP classification likelihood through
+        ``f = A(theta) u``) is held as t-SVGP holds it: as sites on the predictor,
+        one Gaussian factor ``exp(c1_n eta_n + c2_n eta_n^2)`` per element
+        (their Eqs. 9, 15), mapped to the node through the predictor at the new
+        params. Any q gives a lower bound, so the ELBO at this q is
         a valid M-step objective; for Gaussian-likelihood GP regression it is
         the exact log marginal likelihood at every theta (t-SVGP, below Eq. 17).
         ``hold_q=True`` keeps q itself (their Eq. 14, the standard M-step) and
@@ -433,6 +456,15 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         for key, message in new.items():
             node = key.split("->", 1)[1]
             delta = jax.tree_util.tree_map(jnp.subtract, message, state.constant_messages[key])
+            natural[node] = jax.tree_util.tree_map(jnp.add, natural[node], delta)
+        old_fixed = {**params, **state.params}
+        new_fixed = {**params, **values}
+        for node, fname in predictor_sites:
+            lam_i = state.natural[node]
+            sites = _predictor_sites(factors[fname], layouts[node], node, lam_i, old_fixed)
+            before = _site_message(factors[fname], layouts[node], node, lam_i, sites, old_fixed)
+            after = _site_message(factors[fname], layouts[node], node, lam_i, sites, new_fixed)
+            delta = jax.tree_util.tree_map(jnp.subtract, after, before)
             natural[node] = jax.tree_util.tree_map(jnp.add, natural[node], delta)
         return state._replace(natural=natural, constant_messages=new, params=values)
 
@@ -495,6 +527,50 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         return elbo(lam, elbo_key, fixed)
 
     return CVIAlgorithm(init, step, elbo_at, move_params)
+
+
+def _predictor_moments(fplan: FactorPlan, lay, node: str, lam, fixed):
+    """``(A, b, mu, var)``: the predictor ``eta = A x + b`` of a whole-site Gaussian node at
+    ``fixed`` (params), and the mean and variance of each ``eta_n`` under q = ``lam``."""
+    lp = fplan.linear_predictors[node]
+    m, second = lay.fam.natural_to_mean(lam)
+    cov = second - jnp.outer(m, m)
+
+    def eta_of(x):
+        return jnp.ravel(lp.eta_fn({**fixed, node: lay.to_site(x)}))
+
+    mean = eta_of(m)
+    A = jax.jacfwd(eta_of)(m)
+    b = mean - A @ m
+    var = jnp.maximum(jnp.einsum("nd,de,ne->n", A, cov, A), 0.0)
+    return A, b, mean, var
+
+
+def _predictor_sites(fplan: FactorPlan, lay, node: str, lam, fixed):
+    """The sites ``(c1, c2)`` per predictor element at q = ``lam`` (t-SVGP Eq. 9): the
+    Gauss-Hermite message's gradients w.r.t. each ``eta_n``'s mean and variance,
+    ``c2 = dE/dv_n``, ``c1 = dE/dmu_n - 2 c2 mu_n``, so that ``exp(c1 eta + c2 eta^2)``
+    per element is the message (Khan & Lin 2017, App. B.1)."""
+    lp = fplan.linear_predictors[node]
+    _, _, mean, var = _predictor_moments(fplan, lay, node, lam, fixed)
+    shape = jnp.shape(lp.eta_fn({**fixed, node: lay.to_site(lay.fam.natural_to_mean(lam)[0])}))
+
+    def expected(mu, v):
+        eta = mu[None] + jnp.sqrt(jnp.maximum(v, 0.0))[None] * _GH_NODES[:, None]
+        vals = jax.vmap(lambda e: jnp.ravel(lp.rest_fn(jnp.reshape(e, shape), fixed)))(eta)
+        return jnp.sum(jnp.tensordot(_GH_WEIGHTS, vals, axes=1))
+
+    d_mu, d_v = jax.grad(expected, argnums=(0, 1))(mean, var)
+    d_mu, d_v = jax.lax.stop_gradient(d_mu), jax.lax.stop_gradient(d_v)
+    return d_mu - 2.0 * d_v * jax.lax.stop_gradient(mean), d_v
+
+
+def _site_message(fplan: FactorPlan, lay, node: str, lam, sites, fixed):
+    """The message of the sites ``(c1, c2)`` to the node through the predictor at
+    ``fixed``: ``(A^T (c1 + 2 c2 b), A^T diag(c2) A)`` in mean-parameter gradients."""
+    c1, c2 = sites
+    A, b, _, _ = _predictor_moments(fplan, lay, node, jax.lax.stop_gradient(lam), fixed)
+    return (A.T @ (c1 + 2.0 * c2 * b), jnp.einsum("nd,n,ne->de", A, c2, A))
 
 
 def expected_log_factor(fplan: FactorPlan, layouts: dict, mean_params: dict, fixed=None):
