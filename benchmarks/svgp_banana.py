@@ -186,6 +186,8 @@ def run(_part="banana", quick=False):
     if quick:
         st.update(svi_learning_rates=[0.01], svi_max_steps=2000)
     cvi = [run_autocvi(X, Z, y, bound) for bound in ("dual", "standard")]
+    # a second fit of the same model and shapes: what a user waits for on refits
+    cvi[0]["warm_seconds"] = run_autocvi(X, Z, y, "dual")["seconds"]
     svi = [
         run_svi(X, Z, y, variant, lr, st["svi_max_steps"], st["svi_chunk"])
         for variant in ("unwhitened", "whitened")
@@ -193,12 +195,12 @@ def run(_part="banana", quick=False):
     ]
     best = max([c["elbo"] for c in cvi] + [max(t[2] for t in s["trace"]) for s in svi])
     for s in svi:
-        hit = next((t for t in s["trace"] if t[2] >= best - 0.1), None)
-        s["reached"] = (
-            None if hit is None else {"steps": hit[0], "seconds": s["compile_s"] + hit[1]}
-        )
+        for gap, key in ((0.1, "reached"), (0.01, "reached_001")):
+            hit = next((t for t in s["trace"] if t[2] >= best - gap), None)
+            s[key] = None if hit is None else {"steps": hit[0], "seconds": s["compile_s"] + hit[1]}
     for c in cvi:
         c["reached"] = c["elbo"] >= best - 0.1
+        c["reached_001"] = c["elbo"] >= best - 0.01
     payload = {"benchmark": "svgp_banana", "settings": st, "environment": D.environment()}
     payload.update(best_elbo=best, autocvi=cvi, svi=svi)
     md = markdown(payload)
@@ -217,22 +219,26 @@ def markdown(p):
                 *(f"{c['params'][n]:.4f}" for n in NAMES),
                 f"{c['elbo']:.4f}",
                 f"{c['seconds']:.1f}" if c["reached"] else "not reached",
-                f"{c['rounds']} rounds, {c['iterations']} CVI iterations",
+                f"{c['seconds']:.1f}" if c["reached_001"] else "not reached",
+                f"{c['rounds']} rounds, {c['iterations']} CVI iterations"
+                + (f"; warm refit {c['warm_seconds']:.1f} s" if "warm_seconds" in c else ""),
             )
         )
     for s in p["svi"]:
         last = s["trace"][-1]
-        r = s["reached"]
+        r, r2 = s["reached"], s["reached_001"]
+        never = f"not in {p['settings']['svi_max_steps']} steps"
         rows.append(
             (
                 f"SVI {s['variant']}, Adam lr {s['lr']:g}",
                 *(f"{last[3][n]:.4f}" for n in NAMES),
                 f"{last[2]:.4f}",
-                f"{r['seconds']:.1f}" if r else f"not in {p['settings']['svi_max_steps']} steps",
+                f"{r['seconds']:.1f}" if r else never,
+                f"{r2['seconds']:.1f}" if r2 else never,
                 f"{last[0]} steps in {last[1]:.1f} s, compile {s['compile_s']:.1f} s",
             )
         )
-    head = ("method", *NAMES, "SVGP ELBO", "seconds to 0.1 nat", "work")
+    head = ("method", *NAMES, "SVGP ELBO", "seconds to 0.1 nat", "seconds to 0.01 nat", "work")
     dual = p["autocvi"][0]
     reached = [s for s in p["svi"] if s["reached"]]
     if reached and dual["reached"]:
@@ -243,6 +249,15 @@ def markdown(p):
         )
     elif dual["reached"]:
         ratio = "no SVI setting got within 0.1 nat of the best ELBO"
+    reached_001 = [s for s in p["svi"] if s["reached_001"]]
+    if dual["reached_001"] and not reached_001:
+        ratio += (
+            f"; within 0.01 nat: autocvi {dual['seconds']:.1f} s, no SVI setting in "
+            f"{p['settings']['svi_max_steps']} steps"
+        )
+    elif dual["reached_001"]:
+        fastest = min(reached_001, key=lambda s: s["reached_001"]["seconds"])
+        ratio += f"; within 0.01 nat: {fastest['reached_001']['seconds'] / dual['seconds']:.2f}"
     else:
         ratio = "autocvi's EM did not get within 0.1 nat of the best ELBO"
     traj = []
