@@ -179,6 +179,14 @@ def test_exact_conditional_one_step_gives_titsias_posterior_and_collapsed_bound(
     bound -= 0.5 * np.trace(np.eye(len(y)) - Qff) / NOISE**2
     assert result.elbo[-1] == pytest.approx(bound, abs=1e-6)
     assert "f" not in result.sample(0, 3)  # Predictive draws f from p(f | u)
+    # q's marginal of f under q(u) p(f | u): N(A m, diag(A S A^T) + k_ii - q_ii)
+    A = np.linalg.solve(Kuu, Kfu.T).T
+    residual = inputs["kff"] - np.sum(A * Kfu, -1)
+    q_f = result.posterior["f"]
+    np.testing.assert_allclose(q_f.mean, A @ np.asarray(q.mean), atol=1e-8)
+    cov = np.asarray(q.covariance_matrix)
+    np.testing.assert_allclose(q_f.variance, np.sum((A @ cov) * A, -1) + residual, atol=1e-8)
+    assert list(result.posterior) == ["u", "f"]  # the model's order
 
 
 def svgp_classification_optimum(Kuu, Kfu, kff, y):

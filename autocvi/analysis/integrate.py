@@ -402,3 +402,48 @@ def integrate_conditionals(graph: FactorGraph, integrations) -> FactorGraph:
 def integrated_marginal_note(integrations) -> list[str]:
     """plan()'s lines about the rule (one per qualifying latent)."""
     return [it.describe() for it in integrations]
+
+
+def integrated_marginal(graph: FactorGraph, it: Integration, parents_q: dict, params: dict):
+    """q's marginal of an integrated latent: ``f = loc(u) + s eps`` under ``q(u) p(f | u)``
+    is Normal with mean ``loc(E u)`` and variance ``diag(J Cov(u) J^T) + s^2`` (``loc`` is
+    affine in the parents). Parents are taken as independent in q (cross-covariances
+    between two parents of one joint group are not in their marginals). None when a
+    parent's q has no mean and (co)variance."""
+    means, covs = {}, {}
+    for p in it.parents:
+        q = parents_q.get(p)
+        try:
+            means[p] = jnp.asarray(q.mean)
+            covs[p] = jnp.asarray(
+                q.covariance_matrix if hasattr(q, "covariance_matrix") else q.variance
+            )
+        except (AttributeError, NotImplementedError, TypeError):
+            return None
+    values = {**graph.example_values, **params}
+    prior_fn = graph.site_fn(it.latent)
+    shape = tuple(graph.variables[it.latent].shape)
+
+    @structural_jit(runs_once=True)
+    def moments(means, covs):
+        def loc_scale(pv):
+            base = unwrap_distribution(prior_fn({**values, **pv})[0])
+            return jnp.broadcast_to(base.loc, shape), jnp.broadcast_to(base.scale, shape)
+
+        loc, scale = loc_scale(means)
+        var = jnp.ravel(scale**2)
+        for p, m in means.items():
+
+            def loc_of(x, p=p, m=m):
+                return jnp.ravel(loc_scale({**means, p: jnp.reshape(x, jnp.shape(m))})[0])
+
+            J = jax.jacfwd(loc_of)(jnp.ravel(m))
+            cov = covs[p]
+            if cov.ndim == 2 and cov.shape[0] == J.shape[1]:
+                var = var + jnp.einsum("nd,de,ne->n", J, cov, J)
+            else:
+                var = var + (J**2) @ jnp.ravel(cov)
+        return loc, jnp.reshape(jnp.sqrt(var), shape)
+
+    loc, sd = moments(means, covs)
+    return Normal(loc, sd)

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 
+from ..analysis.integrate import integrated_marginal
 from ..analysis.joint import member_posteriors
 from ..analysis.layout import site_posterior
 from ..blocks.gaussian_block import _MAX_DENSE_POSTERIOR
@@ -625,8 +626,24 @@ def posterior_of(schedule: Schedule, state) -> dict:
         # a compiled program returns dicts in sorted key order: restore the model's
         order = [n for n in schedule.nodes if all(n != g.name for g in schedule.joint)]
         order += [m for g in schedule.joint for m in g.member_names]
-        return {k: out[k] for k in order}
-    return _posterior_of(schedule, state.natural)
+        return _with_integrated(schedule, state, {k: out[k] for k in order})
+    return _with_integrated(schedule, state, _posterior_of(schedule, state.natural))
+
+
+def _with_integrated(schedule: Schedule, state, posterior: dict) -> dict:
+    """``posterior`` plus q's marginal of every latent integrated into its child
+    (:func:`autocvi.analysis.integrate.integrated_marginal`), in the model's order."""
+    if not schedule.integrated:
+        return posterior
+    graph = schedule.user_graph or schedule.graph
+    params = {**schedule.params, **getattr(state, "params", {})}
+    out = dict(posterior)
+    for it in schedule.integrated:
+        q = integrated_marginal(graph, it, out, params)
+        if q is not None:
+            out[it.latent] = q
+    order = [n for n in graph.latent_names if n in out]
+    return {n: out[n] for n in order + [n for n in out if n not in order]}
 
 
 def _default_validation(d):
