@@ -19,7 +19,9 @@ ELBO any method reached. Float64, one process.
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +36,14 @@ import autocvi
 
 from . import driver as D
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from sparse_gp_classification import (  # noqa: E402 - the example's model
+    JITTER,
+    banana,
+    kernel,
+    svgp,  # noqa: E402
+)
+
 NAMES = ("amplitude", "lengthscale")
 SETTINGS = {
     "data": "banana.npz (400 x 2, standardised), labels in {0, 1}",
@@ -44,14 +54,8 @@ SETTINGS = {
     "svi_chunk": 200,
     "target": "within 0.1 nat of the best SVGP ELBO any method reached",
 }
-JITTER = 1e-6
 _X, _W = np.polynomial.hermite_e.hermegauss(32)
 _W = _W / np.sqrt(2 * np.pi)
-
-
-def kernel(amplitude, lengthscale, a, b):
-    d2 = jnp.sum((a[:, None] - b[None]) ** 2, -1)
-    return amplitude**2 * jnp.exp(-0.5 * d2 / lengthscale**2)
 
 
 def hyperparameters():
@@ -66,16 +70,6 @@ def conditional(amplitude, lengthscale, X, Z):
     Kfu = kernel(amplitude, lengthscale, X, Z)
     A = jnp.linalg.solve(Kuu, Kfu.T).T
     return Kuu, A, jnp.clip(amplitude**2 - jnp.sum(A * Kfu, -1), 1e-10)
-
-
-def svgp(X, Z, y=None):
-    """How an SVGP user writes the model (autocvi's input)."""
-    amplitude, lengthscale = hyperparameters()
-    Kuu, A, residual = conditional(amplitude, lengthscale, X, Z)
-    u = numpyro.sample("u", dist.MultivariateNormal(jnp.zeros(Z.shape[0]), Kuu))
-    with numpyro.plate("data", X.shape[0]):
-        f = numpyro.sample("f", dist.Normal(A @ u, jnp.sqrt(residual)))
-        numpyro.sample("y", dist.Bernoulli(logits=f), obs=y)
 
 
 def svi_model(X, Z, y, whitened=False):
@@ -178,10 +172,7 @@ def run_svi(X, Z, y, variant, lr, max_steps, chunk):
 
 def run(_part="banana", quick=False):
     jax.config.update("jax_enable_x64", True)
-    data = autocvi.datasets.load("banana")
-    X = (data["X"] - data["X"].mean(0)) / data["X"].std(0)
-    y = np.asarray(data["y"], float)
-    Z = X[np.random.default_rng(0).choice(len(X), 10, replace=False)]
+    X, Z, y = banana()
     st = dict(SETTINGS)
     if quick:
         st.update(svi_learning_rates=[0.01], svi_max_steps=2000)
