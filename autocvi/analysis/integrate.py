@@ -189,6 +189,18 @@ def _qualifies(graph, layouts, f):
     return child.name, parents, bool(graph.edges[(child.name, f)].conjugate)
 
 
+def _pieces(graph: FactorGraph, f: str, child: str):
+    """The traced values, the child's log density, f's prior and f's shape."""
+    values = graph.example_values
+    return values, graph.log_density_fn(child), graph.site_fn(f), tuple(jnp.shape(values[f]))
+
+
+def _loc_scale(prior_fn, values, shape):
+    """The conditional's mean and scale, broadcast to ``f``'s shape, at ``values``."""
+    base = unwrap_distribution(prior_fn(values)[0])
+    return jnp.broadcast_to(base.loc, shape), jnp.broadcast_to(base.scale, shape)
+
+
 def _reads_elementwise(graph: FactorGraph, child: str, f: str) -> bool:
     """The child's log density has ``f``'s batch shape and element ``i`` reads only ``f_i``
     (two Jacobian-vector products: a diagonal Jacobian maps ``t * r`` to ``(J t) * r``)."""
@@ -218,10 +230,7 @@ def _estimated_gaps(graph: FactorGraph, f: str, child: str, parents) -> tuple | 
     """Per-element estimates of the nats each approximation loses (module docstring):
     the child's curvature at the traced values, the prior's scale there, and the
     variance of the prior's mean over prior draws of the parents."""
-    values = graph.example_values
-    fn = graph.log_density_fn(child)
-    prior_fn = graph.site_fn(f)
-    shape = tuple(jnp.shape(values[f]))
+    values, fn, prior_fn, shape = _pieces(graph, f, child)
 
     @structural_jit(runs_once=True)
     def curvature_and_scale(vals):
@@ -230,17 +239,14 @@ def _estimated_gaps(graph: FactorGraph, f: str, child: str, parents) -> tuple | 
 
         x = vals[f]
         curv = jax.jvp(jax.grad(total), (x,), (jnp.ones_like(x),))[1]
-        base = unwrap_distribution(prior_fn(vals)[0])
-        return -curv, jnp.broadcast_to(base.scale, shape)
+        return -curv, _loc_scale(prior_fn, vals, shape)[1]
 
     draw = graph.draw_latents
 
     @structural_jit(runs_once=True)
     def prior_means(keys):
         def one(key):
-            drawn = draw(key)
-            base = unwrap_distribution(prior_fn({**values, **drawn})[0])
-            return jnp.broadcast_to(base.loc, shape)
+            return _loc_scale(prior_fn, {**values, **draw(key)}, shape)[0]
 
         return jax.vmap(one)(keys)
 
@@ -263,16 +269,12 @@ def _inner_nodes(graph: FactorGraph, f: str, child: str) -> int:
     """The smallest rule of :data:`INNER_RULES` whose expectation of the child, at the
     traced values with the residual scale widened by ``_SCALE_MARGIN``, matches the
     largest rule's to 1e-7 nats per element (1e-5 in float32)."""
-    values = graph.example_values
-    prior_fn = graph.site_fn(f)
-    fn = graph.log_density_fn(child)
-    shape = tuple(jnp.shape(values[f]))
+    values, fn, prior_fn, shape = _pieces(graph, f, child)
 
     @structural_jit(runs_once=True)
     def expectations(vals):
-        base = unwrap_distribution(prior_fn(vals)[0])
-        loc = jnp.broadcast_to(base.loc, shape)
-        scale = _SCALE_MARGIN * jnp.broadcast_to(base.scale, shape)
+        loc, scale = _loc_scale(prior_fn, vals, shape)
+        scale = _SCALE_MARGIN * scale
         out = []
         for k in INNER_RULES:
             x, w = _rule(k, loc.dtype)
@@ -348,9 +350,7 @@ def integrate_conditionals(graph: FactorGraph, integrations) -> FactorGraph:
         shape = shapes[it.latent]
 
         def site_fn(values, with_scale: bool = False):
-            base = unwrap_distribution(prior_fn(values)[0])
-            loc = jnp.broadcast_to(base.loc, shape)
-            scale = jnp.broadcast_to(base.scale, shape)
+            loc, scale = _loc_scale(prior_fn, values, shape)
             x, w = _rule(it.num_nodes, jnp.result_type(loc))
             nodes = loc[None] + scale[None] * jnp.reshape(x, (-1,) + (1,) * len(shape))
 
@@ -427,8 +427,7 @@ def integrated_marginal(graph: FactorGraph, it: Integration, parents_q: dict, pa
     @structural_jit(runs_once=True)
     def moments(means, covs):
         def loc_scale(pv):
-            base = unwrap_distribution(prior_fn({**values, **pv})[0])
-            return jnp.broadcast_to(base.loc, shape), jnp.broadcast_to(base.scale, shape)
+            return _loc_scale(prior_fn, {**values, **pv}, shape)
 
         loc, scale = loc_scale(means)
         var = jnp.ravel(scale**2)
