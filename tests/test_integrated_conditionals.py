@@ -47,6 +47,7 @@ def minibatched_svgp(Kuu, Kfu, y=None, B=None):
         numpyro.sample("y", dist.Bernoulli(logits=f), obs=jnp.asarray(y)[idx])
 
 
+@pytest.mark.slow  # CI runs it; the default run stays under 10 minutes
 def test_a_minibatched_svgp_says_converged_only_near_the_full_batch_answer():
     """Soundness of the stochastic stopping rule: the minibatch ELBO's noise hid the
     trend and the fit said converged 0.9 posterior sd short of the full-batch q(u);

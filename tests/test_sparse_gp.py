@@ -246,6 +246,7 @@ def svgp_classification_optimum(Kuu, Kfu, kff, y):
     return best.x[:m], L @ L.T, -best.fun
 
 
+@pytest.mark.slow  # CI runs it; the default run stays under 10 minutes
 def test_exact_conditional_classification_reaches_the_svgp_optimum():
     inputs = svgp_inputs(n=100, m=10, classify=True)
     inputs["likelihood"] = "bernoulli"
@@ -368,6 +369,7 @@ def test_integrate_conditionals_reaches_the_planner_through_fit_and_cvi():
     np.testing.assert_allclose(mean, Kuu @ sigma @ Kfu.T @ y / NOISE**2, atol=1e-8)
 
 
+@pytest.mark.slow  # CI runs it; the default run stays under 10 minutes
 def test_the_residual_rule_is_as_small_as_its_accuracy_allows():
     """Dense inducing inputs leave residuals so small that 8 nodes match the 32-node rule;
     three inducing inputs on [-3, 3] leave wide ones, which need more. The rule's size
