@@ -77,9 +77,12 @@ class CVIAlgorithm(NamedTuple):
     # ``elbo(state, rng_key) -> value``: the ELBO of q at ``state`` (no update);
     # Monte Carlo terms use ``rng_key``'s draws.
     elbo: callable = None
-    # ``move_params(state, values) -> state``: learned params set to ``values``
-    # with q's sites held (the dual M-step's q).
+    # ``move_params(state, values, hold_q=False, sites=None) -> state``: learned params
+    # set to ``values`` with q's sites held (the dual M-step's q).
     move_params: callable = None
+    # ``held_sites(state)``: the predictor-space sites move_params holds, computed once
+    # per M-step and passed to every evaluation of its bound.
+    held_sites: callable = None
 
 
 def cvi(schedule: Schedule) -> CVIAlgorithm:
@@ -426,7 +429,19 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             learned,
         )
 
-    def move_params(state: CVIState, values: dict, hold_q: bool = False) -> CVIState:
+    def held_sites(state: CVIState) -> dict:
+        """The sites of every predictor-site message at ``state`` (see move_params)."""
+        fixed = {**params, **state.params}
+        return {
+            (node, fname): _predictor_sites(
+                factors[fname], layouts[node], node, state.natural[node], fixed
+            )
+            for node, fname in predictor_sites
+        }
+
+    def move_params(
+        state: CVIState, values: dict, hold_q: bool = False, sites: dict | None = None
+    ) -> CVIState:
         """q with the learned params set to ``values``, its sites held (t-SVGP Eq. 15).
 
         Adam, Chang, Khan & Solin, *Dual Parameterization of Sparse Variational
@@ -446,7 +461,8 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         a valid M-step objective; for Gaussian-likelihood GP regression it is
         the exact log marginal likelihood at every theta (t-SVGP, below Eq. 17).
         ``hold_q=True`` keeps q itself (their Eq. 14, the standard M-step) and
-        only updates the params and the cached messages.
+        only updates the params and the cached messages. ``sites``: ``held_sites(state)``
+        when the caller evaluates many params at one state (the M-step's line search).
         """
         values = {**state.params, **values}
         new = constant_messages(values)
@@ -459,11 +475,11 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             natural[node] = jax.tree_util.tree_map(jnp.add, natural[node], delta)
         old_fixed = {**params, **state.params}
         new_fixed = {**params, **values}
+        sites = held_sites(state) if sites is None else sites
         for node, fname in predictor_sites:
-            lam_i = state.natural[node]
-            sites = _predictor_sites(factors[fname], layouts[node], node, lam_i, old_fixed)
-            before = _site_message(factors[fname], layouts[node], node, lam_i, sites, old_fixed)
-            after = _site_message(factors[fname], layouts[node], node, lam_i, sites, new_fixed)
+            lam_i, held = state.natural[node], sites[(node, fname)]
+            before = _site_message(factors[fname], layouts[node], node, lam_i, held, old_fixed)
+            after = _site_message(factors[fname], layouts[node], node, lam_i, held, new_fixed)
             delta = jax.tree_util.tree_map(jnp.subtract, after, before)
             natural[node] = jax.tree_util.tree_map(jnp.add, natural[node], delta)
         return state._replace(natural=natural, constant_messages=new, params=values)
@@ -526,7 +542,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         lam = {n: _gather(nodes[n], lam_n, indices) for n, lam_n in state.natural.items()}
         return elbo(lam, elbo_key, fixed)
 
-    return CVIAlgorithm(init, step, elbo_at, move_params)
+    return CVIAlgorithm(init, step, elbo_at, move_params, held_sites)
 
 
 def _predictor_moments(fplan: FactorPlan, lay, node: str, lam, fixed):

@@ -138,11 +138,13 @@ def m_step(algorithm, space: ParamSpace, deterministic: bool, options: EMOptions
         raise ValueError(f"EMOptions.bound must be 'dual' or 'standard', got {options.bound!r}")
     hold_q = options.bound == "standard"
 
-    def bound(free, state, key):
+    def bound(free, state, key, sites):
         values = space.constrain(free)
-        return algorithm.elbo(algorithm.move_params(state, values, hold_q), key)
+        return algorithm.elbo(algorithm.move_params(state, values, hold_q, sites), key)
 
     def run(state, key):
+        # the sites the dual bound holds depend on the state only: once per M-step
+        sites = algorithm.held_sites(state)
         free0 = space.unconstrain(state.params)
         x0, unravel = ravel_pytree(free0)
         # One key for the before/after comparison (common random numbers).
@@ -150,21 +152,23 @@ def m_step(algorithm, space: ParamSpace, deterministic: bool, options: EMOptions
         if optimizer == "lbfgs":
             # A deterministic objective: every evaluation uses the same key.
             def loss(x):
-                return -bound(unravel(x), state, check_key)
+                return -bound(unravel(x), state, check_key, sites)
 
             x, before, after = _lbfgs(loss, x0, num)
         else:
             opt = optax.adam(options.learning_rate)
-            before = bound(free0, state, check_key)
+            before = bound(free0, state, check_key, sites)
 
             def body(carry, k):
                 x, opt_state = carry
-                grad = jax.grad(lambda x: -bound(unravel(x), state, jax.random.fold_in(key, k)))(x)
+                grad = jax.grad(
+                    lambda x: -bound(unravel(x), state, jax.random.fold_in(key, k), sites)
+                )(x)
                 updates, opt_state = opt.update(grad, opt_state, x)
                 return (optax.apply_updates(x, updates), opt_state), None
 
             (x, _), _ = jax.lax.scan(body, (x0, opt.init(x0)), jnp.arange(num))
-            after = bound(unravel(x), state, check_key)
+            after = bound(unravel(x), state, check_key, sites)
         finite = jnp.isfinite(after) & jnp.all(jnp.isfinite(x))
         if deterministic:
             slack = rounding_slack(before.dtype) * (1.0 + jnp.abs(before))
@@ -172,7 +176,7 @@ def m_step(algorithm, space: ParamSpace, deterministic: bool, options: EMOptions
         else:
             ok = finite
         free = unravel(jnp.where(ok, x, x0))
-        new = algorithm.move_params(state, space.constrain(free), hold_q)
+        new = algorithm.move_params(state, space.constrain(free), hold_q, sites)
         return new, MStepInfo(before, jnp.where(ok, after, before), ok)
 
     return run
