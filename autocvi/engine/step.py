@@ -55,6 +55,10 @@ class CVIState(NamedTuple):
     # their constrained support: the step reads them here, so an M-step changes
     # them without recompiling anything.
     params: dict = {}
+    # Per-element sites of the messages in ``Schedule.site_memory``, keyed
+    # ``"factor->latent"``: ``(c1, c2, total)``, the sites ``c1_n eta_n + c2_n eta_n^2`` of
+    # every plate element (as last computed) and their message summed over the plate.
+    sites: dict = {}
 
 
 class CVIInfo(NamedTuple):
@@ -427,7 +431,17 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             constant_messages(learned),
             elbo_key,
             learned,
+            empty_site_memory(natural),
         )
+
+    def empty_site_memory(natural) -> dict:
+        """No site seen yet: the first visit of an element adds its whole site."""
+        out = {}
+        for mem in schedule.site_memory:
+            zero = jnp.zeros((mem.plate.size,), jnp.result_type(float))
+            total = jax.tree_util.tree_map(jnp.zeros_like, natural[mem.node])
+            out[f"{mem.factor}->{mem.node}"] = (zero, zero, total)
+        return out
 
     def held_sites(state: CVIState) -> dict:
         """The sites of every predictor-site message at ``state`` (see move_params)."""
@@ -492,6 +506,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         lam = {n: _gather(nodes[n], lam_n, indices) for n, lam_n in state.natural.items()}
         block_elbos = {}
         step_sizes, halvings = {}, {}
+        sites = dict(state.sites)
         for i in schedule.order:
             node = nodes[i]
             if i in blocks:
@@ -504,10 +519,18 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                 continue
             mus = {j: layouts[j].fam.natural_to_mean(lam[j]) for j in lam if j not in blocks}
             total = None
+            memory = schedule.memory_of(i)
             for fname, kind in node.incoming:
                 sweep_key, sub = jax.random.split(sweep_key)
                 if f"{fname}->{i}" in state.constant_messages:
                     g = state.constant_messages[f"{fname}->{i}"]
+                elif fname in memory:
+                    key_ = f"{fname}->{i}"
+                    g, sites[key_] = _saga_message(
+                        factors[fname], layouts[i], i, lam[i], sites[key_], memory[fname], fixed
+                    )
+                    total = g if total is None else jax.tree_util.tree_map(jnp.add, total, g)
+                    continue
                 else:
                     g = message_fns[kind](factors[fname], i, lam, mus, sub, fixed)
                 # Factors in a subsampled plate are scaled by N/B for the global
@@ -517,7 +540,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                 if scale != 1.0:
                     g = jax.tree_util.tree_map(lambda a, c=scale: a * c, g)
                 total = g if total is None else jax.tree_util.tree_map(jnp.add, total, g)
-            beta = schedule.step_size_at(state.iteration, local=node.local)
+            beta = schedule.step_size_at(state.iteration, local=node.local, node=i)
             if i in safeguarded:
                 lam[i], step_sizes[i], halvings[i] = safeguarded_update(
                     i, lam, total, beta, sweep_key, fixed
@@ -532,7 +555,9 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             elbo_key = state.elbo_key
         value = elbo(lam, elbo_key, fixed, block_elbos)
         natural = {n: _scatter(nodes[n], state.natural[n], lam[n], indices) for n in state.natural}
-        new_state = state._replace(natural=natural, rng_key=key, iteration=state.iteration + 1)
+        new_state = state._replace(
+            natural=natural, rng_key=key, iteration=state.iteration + 1, sites=sites
+        )
         return new_state, CVIInfo(value, step_sizes, halvings)
 
     def elbo_at(state: CVIState, rng_key):
@@ -567,8 +592,13 @@ def _predictor_sites(fplan: FactorPlan, lay, node: str, lam, fixed):
     Gauss-Hermite message's gradients w.r.t. each ``eta_n``'s mean and variance,
     ``c2 = dE/dv_n``, ``c1 = dE/dmu_n - 2 c2 mu_n``, so that ``exp(c1 eta + c2 eta^2)``
     per element is the message (Khan & Lin 2017, App. B.1)."""
-    lp = fplan.linear_predictors[node]
     _, _, mean, var = _predictor_moments(fplan, lay, node, lam, fixed)
+    return _sites_at(fplan, lay, node, lam, mean, var, fixed)
+
+
+def _sites_at(fplan: FactorPlan, lay, node: str, lam, mean, var, fixed):
+    """The sites at the predictor's moments ``mean``, ``var`` (see _predictor_sites)."""
+    lp = fplan.linear_predictors[node]
     shape = jnp.shape(lp.eta_fn({**fixed, node: lay.to_site(lay.fam.natural_to_mean(lam)[0])}))
 
     def expected(mu, v):
@@ -587,6 +617,29 @@ def _site_message(fplan: FactorPlan, lay, node: str, lam, sites, fixed):
     c1, c2 = sites
     A, b, _, _ = _predictor_moments(fplan, lay, node, jax.lax.stop_gradient(lam), fixed)
     return (A.T @ (c1 + 2.0 * c2 * b), jnp.einsum("nd,n,ne->de", A, c2, A))
+
+
+def _saga_message(fplan: FactorPlan, lay, node: str, lam, memory, plan, fixed):
+    """The SAGA estimate of a subsampled factor's full-data message and the updated memory.
+
+    ``memory = (c1, c2, total)``: every plate element's last sites and their message
+    summed over the plate. The batch's sites are recomputed at q = ``lam``; the
+    estimate is ``total + (N/B) (message of the new batch sites - of their old ones)``
+    (unbiased; its variance vanishes as q settles, autocvi.plan.site_memory), and the
+    batch's new sites replace the old ones in ``memory``.
+    """
+    c1_all, c2_all, total = memory
+    idx = fixed[plan.plate.name]
+    A, b, mean, var = _predictor_moments(fplan, lay, node, jax.lax.stop_gradient(lam), fixed)
+    # The factor's density carries numpyro's N/B scale: the memory holds each
+    # element's own site.
+    scale = plan.plate.size / plan.plate.subsample_size
+    c1, c2 = (c / scale for c in _sites_at(fplan, lay, node, lam, mean, var, fixed))
+    d1, d2 = c1 - c1_all[idx], c2 - c2_all[idx]
+    delta = (A.T @ (d1 + 2.0 * d2 * b), jnp.einsum("nd,n,ne->de", A, d2, A))
+    estimate = jax.tree_util.tree_map(lambda t, d: t + scale * d, total, delta)
+    total = jax.tree_util.tree_map(jnp.add, total, delta)
+    return estimate, (c1_all.at[idx].set(c1), c2_all.at[idx].set(c2), total)
 
 
 def expected_log_factor(fplan: FactorPlan, layouts: dict, mean_params: dict, fixed=None):

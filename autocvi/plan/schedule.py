@@ -40,6 +40,7 @@ from ..blocks.gaussian_block import find_block
 from ..jaxpr import dce, structural_jit
 from ..model.graph import EdgeInfo, FactorGraph, PlateInfo, _format_table
 from ..model.message_kinds import EXACT, FISHER, GAUSS_HERMITE, MESSAGE_KINDS, MONTE_CARLO
+from .site_memory import find_site_memory
 
 __all__ = ["FactorPlan", "NodePlan", "Schedule", "plan", "build_schedule"]
 
@@ -109,12 +110,31 @@ class Schedule:
     # Local latents integrated into their child's expectation
     # (autocvi.analysis.integrate): q(u) p(f | u), as SVGP; not nodes of the schedule.
     integrated: tuple = ()
+    # Messages from a subsampled factor to a global Gaussian held as per-element sites
+    # (SiteMemory): their estimate's variance vanishes at the fixed point.
+    site_memory: tuple = ()
 
-    def step_size_at(self, iteration, local: bool = False):
-        """beta at ``iteration`` (a traced integer) for a global or local node."""
+    def memory_of(self, node: str) -> dict:
+        """``{factor: SiteMemory}`` for the messages to ``node`` held as per-element sites."""
+        return {m.factor: m for m in self.site_memory if m.node == node}
+
+    def step_size_at(self, iteration, local: bool = False, node: str | None = None):
+        """beta at ``iteration`` (a traced integer) for a global or local node.
+
+        A global node whose every estimated message from a subsampled factor is held
+        in site memory keeps beta: its messages' variance vanishes at the fixed point,
+        so Robbins-Monro decay would only slow it down."""
+        if node is not None and not local:
+            local = self._variance_reduced(node)
         if local or self.step_size_decay == 0.0:
             return self.step_size
         return self.step_size * (1.0 + iteration) ** (-self.step_size_decay)
+
+    def _variance_reduced(self, node: str) -> bool:
+        held = self.memory_of(node)
+        return bool(held) and all(
+            f in held or not self.factors[f].subsampled for f, _ in self.nodes[node].incoming
+        )
 
     @property
     def deterministic(self) -> bool:
@@ -170,6 +190,7 @@ class Schedule:
             ),
             f"  message kinds: {', '.join(kinds)}; Monte Carlo draws per estimate: {self.num_samples}",
             "  subsampled plates (factors scaled by N/B): " + (", ".join(sub) if sub else "none"),
+            *(f"  {m.describe()}" for m in self.site_memory),
             "",
             _format_table(
                 ("#", "node", "q family", "shape", "incoming messages (factor (kind))"), rows
@@ -207,6 +228,10 @@ PLANNER_OPTIONS = {
     "learning it by variational EM (default True)",
     "fixed_params": "names of numpyro.param sites held at their initial values while the "
     "others are learned (default none)",
+    "site_memory": "False sends a global Gaussian the plain N/B-scaled minibatch message of a "
+    "subsampled factor (t-SVGP's tied sites: O(m^2) memory, noise that needs decaying steps) "
+    "instead of keeping one site per plate element (O(N) memory, exact at the fixed point; "
+    "default True where the factor reads the node through a linear predictor)",
     "integrate_conditionals": "True integrates every local Gaussian latent whose conditional is "
     "linear-Gaussian in global Gaussians into its one child's expectation (q(u) p(f | u), as "
     "SVGP); False never; default None: where the estimated loss is smaller than mean-field's",
@@ -317,6 +342,7 @@ def build_schedule(
     gaussian_blocks: bool = True,
     learn_params: bool = True,
     fixed_params=(),
+    site_memory: bool = True,
 ) -> Schedule:
     """Plan the schedule for an already classified graph (see :func:`plan`).
 
@@ -326,6 +352,7 @@ def build_schedule(
     ``learn_params``/``fixed_params``: which ``numpyro.param`` sites are learned
     (``Schedule.learned``); a Gaussian node whose factors read a learned param is
     kept dense (a block's prior and predictors are fixed arrays).
+    ``site_memory=False``: no per-element sites for subsampled factors (:class:`SiteMemory`).
     """
     layouts = latent_layouts(graph)
     values = graph.example_values
@@ -495,6 +522,8 @@ def build_schedule(
         schedule.step_size_decay = 0.6 if step_size_decay is None else step_size_decay
     elif step_size_decay is not None:
         schedule.step_size_decay = step_size_decay
+    if site_memory:
+        schedule.site_memory = find_site_memory(schedule, example)
     return schedule
 
 

@@ -1,0 +1,77 @@
+"""Per-element sites for the messages of subsampled factors (variance-reduced minibatches).
+
+A factor in a subsampled plate that reads a global Gaussian ``u`` only through a
+linear predictor ``eta_n = a_n^T u + b_n`` sends ``u`` a sum of one Gaussian site per
+plate element, ``exp(c1_n eta_n + c2_n eta_n^2)`` (t-SVGP, Adam et al. 2021, Eq. 9).
+The plain minibatch message is ``N/B`` times the batch's sites: t-SVGP's tied sites
+(their Eqs. 20-24), unbiased but noisy at every q, so its steps must decay. Keeping
+the last sites of every element (``2 N`` numbers, the O(N) memory of PG-SVI's GP
+update, Khan et al. 2016, Eq. 19) and their running sum over the whole plate gives
+the SAGA estimate of the full-data message
+
+    g = sum_n s_n + (N / B) sum_{n in batch} (s_n(q) - s_n),
+
+unbiased as the plain one, but whose variance vanishes as q settles: the fit
+reaches the full-batch fixed point with a constant step instead of hovering
+around it. The engine keeps the memory (``CVIState.sites``); this module decides
+where it applies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+
+from ..model.graph import PlateInfo
+from ..model.message_kinds import GAUSS_HERMITE
+
+__all__ = ["SiteMemory", "find_site_memory"]
+
+
+@dataclass(frozen=True)
+class SiteMemory:
+    """The message of ``factor`` to ``node`` is kept as one site per element of ``plate``."""
+
+    factor: str
+    node: str
+    plate: PlateInfo
+
+    def describe(self) -> str:
+        return (
+            f"{self.factor} -> {self.node}: one site per element of {self.plate} held in "
+            f"memory (2 x {self.plate.size} numbers; SAGA estimate of the full-data "
+            "message, constant step; site_memory=False sends N/B-scaled minibatch "
+            "messages instead)"
+        )
+
+
+def find_site_memory(schedule, example: dict) -> tuple:
+    """The (factor, node) messages that qualify: a Gauss-Hermite message to a whole-site
+    Gaussian (one vector, not a Gaussian block) from a factor in one subsampled plate
+    whose only latent is the node, that reads no learned param (the M-step would have to
+    map every element's site through the new predictor: a pass over all the data), and
+    whose predictor has one element per sampled plate element."""
+    found = []
+    for name, node in schedule.nodes.items():
+        lay = node.layout
+        if name in schedule.blocks or node.local or lay.q_family != "MultivariateNormal":
+            continue
+        if lay.plate_ndim != 0:
+            continue
+        for fname, kind in node.incoming:
+            fplan = schedule.factors[fname]
+            if kind != GAUSS_HERMITE.name or fplan.latents != (name,):
+                continue
+            if len(fplan.subsampled) != 1 or name not in fplan.linear_predictors:
+                continue
+            factor = schedule.graph.factors.get(fname)
+            if factor is None or set(factor.params) & set(schedule.learned):
+                continue
+            (plate,) = fplan.subsampled
+            lp = fplan.linear_predictors[name]
+            shape = jax.eval_shape(lp.eta_fn, example).shape
+            if shape != (plate.subsample_size,):
+                continue
+            found.append(SiteMemory(fname, name, plate))
+    return tuple(found)
