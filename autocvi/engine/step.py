@@ -59,6 +59,9 @@ class CVIState(NamedTuple):
     # ``"factor->latent"``: ``(c1, c2, total)``, the sites ``c1_n eta_n + c2_n eta_n^2`` of
     # every plate element (as last computed) and their message summed over the plate.
     sites: dict = {}
+    # Per subsampled plate, ``(order, cursor)``: a random order of its elements and
+    # where the next minibatch starts in it (random reshuffling, see next_batches).
+    plate_order: dict = {}
 
 
 class CVIInfo(NamedTuple):
@@ -113,6 +116,41 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                     key, sub = jax.random.split(key)
                     idx[p.name] = jax.random.choice(sub, p.size, (p.subsample_size,), replace=False)
         return idx
+
+    subsampled_plates = {p.name: p for f in factors.values() for p in f.subsampled}
+
+    def first_orders(key) -> dict:
+        return {
+            name: (jax.random.permutation(jax.random.fold_in(key, k), p.size), jnp.int32(0))
+            for k, (name, p) in enumerate(sorted(subsampled_plates.items()))
+        }
+
+    def next_batches(orders: dict, key):
+        """The next minibatch of every subsampled plate, and the orders moved past it.
+
+        Random reshuffling: the batches walk through a random order of the plate's
+        elements and a new order is drawn once it is used up, so each pass sees every
+        element once, a batch never repeats an element (the site memory needs that),
+        and a step costs O(B) instead of the O(N log N) of a fresh draw without
+        replacement (47 ms a step at N = 10^5 on one core, more than the whole rest
+        of an SVGP step).
+        """
+        indices, moved = {}, {}
+        for k, (name, p) in enumerate(sorted(subsampled_plates.items())):
+            order, cursor = orders[name]
+            indices[name] = order[(cursor + jnp.arange(p.subsample_size)) % p.size]
+            cursor = cursor + p.subsample_size
+            used_up = cursor + p.subsample_size > p.size
+            fresh = jax.random.fold_in(key, k)
+            order = jax.lax.cond(
+                used_up,
+                lambda o, kk, n=p.size: jax.random.permutation(kk, n),
+                lambda o, kk: o,
+                order,
+                fresh,
+            )
+            moved[name] = (order, jnp.where(used_up, 0, cursor).astype(jnp.int32))
+        return indices, moved
 
     def point_sets(fplan: FactorPlan, lam, mus, key, skip=None):
         """Moment nodes for conjugate neighbours, draws for the others."""
@@ -432,6 +470,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             elbo_key,
             learned,
             empty_site_memory(natural),
+            first_orders(jax.random.fold_in(rng_key, 2)),
         )
 
     def empty_site_memory(natural) -> dict:
@@ -500,7 +539,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
 
     def step(state: CVIState):
         key, plate_key, elbo_key, sweep_key = jax.random.split(state.rng_key, 4)
-        indices = plate_indices(plate_key)
+        indices, orders = next_batches(state.plate_order, plate_key)
         fixed = {**params, **state.params, **indices}
         # Local nodes of subsampled plates: work on the sampled elements only.
         lam = {n: _gather(nodes[n], lam_n, indices) for n, lam_n in state.natural.items()}
@@ -551,12 +590,31 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                     jnp.asarray(beta, jnp.result_type(float)),
                     jnp.zeros((), jnp.int32),
                 )
-        if state.elbo_key is not None:
-            elbo_key = state.elbo_key
-        value = elbo(lam, elbo_key, fixed, block_elbos)
         natural = {n: _scatter(nodes[n], state.natural[n], lam[n], indices) for n in state.natural}
+        if state.elbo_key is None:
+            value = elbo(lam, elbo_key, fixed, block_elbos)
+        elif not subsampled_plates:
+            value = elbo(lam, state.elbo_key, fixed, block_elbos)
+        else:
+            # Common random numbers for the minibatch too: the reported ELBO is
+            # estimated on one fixed batch (drawn with replacement, O(B)), so it
+            # changes only as q does. On the step's own batch its scatter (40 nats
+            # a step for an SVGP on 600 points, B = 60) hid that q had settled and
+            # the stopping rule never fired.
+            held = {
+                name: jax.random.randint(
+                    jax.random.fold_in(state.elbo_key, k), (p.subsample_size,), 0, p.size
+                )
+                for k, (name, p) in enumerate(sorted(subsampled_plates.items()))
+            }
+            at = {n: _gather(nodes[n], lam_n, held) for n, lam_n in natural.items()}
+            value = elbo(at, state.elbo_key, {**params, **state.params, **held})
         new_state = state._replace(
-            natural=natural, rng_key=key, iteration=state.iteration + 1, sites=sites
+            natural=natural,
+            rng_key=key,
+            iteration=state.iteration + 1,
+            sites=sites,
+            plate_order=orders,
         )
         return new_state, CVIInfo(value, step_sizes, halvings)
 
