@@ -20,6 +20,7 @@ BENCHMARKS = (
     "gp_hyperparameters",
     "gp_regression_em",
     "svgp_banana",
+    "svgp_minibatch",
     "gaussian_mixture",
     "factor_models",
     "zoo",

@@ -89,6 +89,14 @@ The banana toy (400 points), m = 10 fixed inducing inputs, amplitude and length-
 planner). autocvi's EM on the dual and the standard bound against SVI (whitened and unwhitened
 AutoMultivariateNormal q(u), Adam), all scored by the exact SVGP ELBO.
 
+svgp_minibatch: Minibatched sparse GP on 100,000 points: site memory, tied sites and SVI
+A synthetic binary task (100,000 training and 10,000 test points, offline stand-in for
+t-SVGP's large-data experiment), m = 50 fixed inducing inputs, a fixed kernel, B = 1,000, the
+model of `examples/minibatch_sparse_gp.py`. autocvi with its default site memory (one site per
+point, SAGA estimate of the message) and with tied sites (`site_memory=False`) against SVI
+(whitened and unwhitened AutoMultivariateNormal q(u), Adam at three rates); test NLPD against
+wall-clock seconds.
+
 gaussian_mixture: Gaussian mixture: autocvi's VMP against BayesPy and SVI
 iris, 3 components, conjugate priors: every message is exact, so CVI is VMP. BayesPy runs VMP on
 the same mean-field family; SVI enumerates z (TraceEnum_ELBO).
