@@ -108,3 +108,54 @@ def test_site_memory_is_only_for_subsampled_factors_that_read_no_learned_param()
     assert [m.node for m in held.site_memory] == ["u"]
     with pytest.raises(TypeError, match="site_memory"):
         autocvi.plan(minibatch_svgp, data, site_memry=False)
+
+
+def gp_classifier(K, y=None, batch_size=None):
+    """A full GP classifier with a minibatched likelihood, as users write it."""
+    f = numpyro.sample("f", dist.MultivariateNormal(jnp.zeros(K.shape[0]), K))
+    with numpyro.plate("data", K.shape[0], subsample_size=batch_size) as idx:
+        numpyro.sample("y", dist.Bernoulli(logits=f[idx]), obs=y[idx])
+
+
+def test_a_minibatched_full_gp_reaches_the_full_batch_posterior():
+    """PG-SVI's setting (Khan et al. 2016, Eq. 19: one site per data point, minibatched):
+    the full-batch fit is a function-space Gaussian block whose messages are exact
+    Gauss-Hermite ones (checked against NUTS in test_gaussian_blocks_slow.py)."""
+    rng = np.random.default_rng(0)
+    x = np.sort(rng.uniform(-3, 3, 60))
+    y = (rng.uniform(size=60) < 1 / (1 + np.exp(-3 * np.sin(2 * x)))).astype(np.float32)
+    K = (kernel(x, x) + 1e-3 * np.eye(60)).astype(np.float32)
+    full = autocvi.fit(gp_classifier, dict(K=K, y=jnp.asarray(y)), progress_bar=False)
+    assert full.converged and "f" in full.schedule.blocks
+    inputs = dict(K=K, y=jnp.asarray(y), batch_size=10)
+    mb = autocvi.fit(gp_classifier, inputs, num_steps=1000, progress_bar=False)
+    assert [m.node for m in mb.schedule.site_memory] == ["f"]
+    assert mb.converged
+    q, ref = mb.posterior["f"], full.posterior["f"]
+    sd = np.sqrt(np.diag(np.asarray(ref.covariance_matrix)))
+    assert np.max(np.abs(np.asarray(q.mean - ref.mean)) / sd) < 0.02
+    ratio = np.sqrt(np.diag(np.asarray(q.covariance_matrix))) / sd
+    assert np.max(np.abs(ratio - 1)) < 0.02
+
+
+@pytest.mark.slow  # CI runs it; the default run stays under 10 minutes
+def test_the_minibatch_example_model_matches_its_full_batch_fit():
+    """The example's spelling (2-D inputs, the kernel computed per batch inside the plate):
+    site memory fires, and the minibatched q(u) and test NLPD equal the full-batch ones."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from minibatch_sparse_gp import inducing_inputs, make_data, svgp, test_nlpd
+
+    X, y = make_data(4000)
+    Xt, yt = make_data(2000, seed=1)
+    Z = inducing_inputs(X, 20)
+    full = autocvi.fit(svgp, dict(X=X, Z=Z, y=y), progress_bar=False)
+    mb = autocvi.fit(svgp, dict(X=X, Z=Z, y=y, batch_size=200), num_steps=2000, progress_bar=False)
+    assert [m.node for m in mb.schedule.site_memory] == ["u"] and mb.converged
+    q, ref = mb.posterior["u"], full.posterior["u"]
+    sd = np.sqrt(np.diag(np.asarray(ref.covariance_matrix)))
+    assert np.max(np.abs(np.asarray(q.mean - ref.mean)) / sd) < 0.05
+    nlpd = [float(test_nlpd(d.mean, d.covariance_matrix, Z, Xt, yt)) for d in (q, ref)]
+    assert nlpd[0] == pytest.approx(nlpd[1], abs=1e-3)
