@@ -93,7 +93,7 @@ svgp_minibatch: Minibatched sparse GP on 100,000 points: site memory, tied sites
 A synthetic binary task (100,000 training and 10,000 test points, offline stand-in for
 t-SVGP's large-data experiment), m = 50 fixed inducing inputs, a fixed kernel, B = 1,000, the
 model of `examples/minibatch_sparse_gp.py`. autocvi with its default site memory (one site per
-point, SAGA estimate of the message) and with tied sites (`site_memory=False`) against SVI
+point, SAG estimate of the message) and with tied sites (`site_memory=False`) against SVI
 (whitened and unwhitened AutoMultivariateNormal q(u), Adam at three rates); test NLPD against
 wall-clock seconds.
 

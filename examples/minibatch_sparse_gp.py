@@ -6,7 +6,7 @@ plate subsampled to B = 1,000 points a step, the exact SVGP conditional
 is fixed here. autocvi integrates f into the likelihood's expectation (q(u) p(f | u),
 as SVGP) and keeps one Gaussian site per data point for the likelihood's message to u
 (2 numbers a point, the O(N) memory of Khan et al.'s PG-SVI GP update, Eq. 19): every
-step refreshes the batch's sites and sends u the SAGA estimate of the full-data
+step refreshes the batch's sites and sends u the SAG estimate of the full-data
 message, so a constant step reaches the full-data optimum instead of hovering around
 it. ``plan()`` prints both decisions. The data are synthetic (a smooth latent function
 of two inputs), drawn here: no download.

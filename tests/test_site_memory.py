@@ -1,7 +1,7 @@
 """Per-element site memory for minibatched messages (issue 15, item 3).
 
 A minibatched SVGP as users write it (the exact SVGP conditional inside a subsampled
-data plate) gets the SAGA estimate of the likelihood's message to ``u``: it reaches
+data plate) gets the SAG estimate of the likelihood's message to ``u``: it reaches
 the optimum of the direct maximisation of the full-data SVGP ELBO, which the plain
 N/B-scaled minibatch message (t-SVGP's tied sites) only hovers around. Oracles: scipy
 L-BFGS on the SVGP ELBO (``test_sparse_gp.svgp_classification_optimum``) and the
@@ -57,7 +57,7 @@ def test_a_minibatched_svgp_reaches_the_full_data_svgp_optimum():
 
 
 def test_the_first_step_is_the_plain_minibatch_step_and_the_memory_sums_the_batch():
-    """With nothing in memory the SAGA estimate is the N/B-scaled batch message (the
+    """With nothing in memory the SAG estimate is the N/B-scaled batch message (the
     engine's Gauss-Hermite message, computed by another route), and the memory then
     holds exactly that batch's sites, unscaled."""
     data = {k: np.asarray(v, np.float32) for k, v in classification_data(n=200, m=8).items()}

@@ -56,8 +56,9 @@ class CVIState(NamedTuple):
     # them without recompiling anything.
     params: dict = {}
     # Per-element sites of the messages in ``Schedule.site_memory``, keyed
-    # ``"factor->latent"``: ``(c1, c2, total)``, the sites ``c1_n eta_n + c2_n eta_n^2`` of
-    # every plate element (as last computed) and their message summed over the plate.
+    # ``"factor->latent"``: ``(c1, c2, seen, total)``, the sites ``c1_n eta_n + c2_n eta_n^2``
+    # of every plate element (as last computed), which elements were visited, and
+    # their message summed over the plate.
     sites: dict = {}
     # Per subsampled plate, ``(order, cursor)``: a random order of its elements and
     # where the next minibatch starts in it (random reshuffling, see next_batches).
@@ -478,8 +479,9 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         out = {}
         for mem in schedule.site_memory:
             zero = jnp.zeros((mem.plate.size,), jnp.result_type(float))
+            seen = jnp.zeros((mem.plate.size,), bool)
             total = jax.tree_util.tree_map(jnp.zeros_like, natural[mem.node])
-            out[f"{mem.factor}->{mem.node}"] = (zero, zero, total)
+            out[f"{mem.factor}->{mem.node}"] = (zero, zero, seen, total)
         return out
 
     def held_sites(state: CVIState) -> dict:
@@ -565,7 +567,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                     g = state.constant_messages[f"{fname}->{i}"]
                 elif fname in memory:
                     key_ = f"{fname}->{i}"
-                    g, sites[key_] = _saga_message(
+                    g, sites[key_] = _memory_message(
                         factors[fname], layouts[i], i, lam[i], sites[key_], memory[fname], fixed
                     )
                     total = g if total is None else jax.tree_util.tree_map(jnp.add, total, g)
@@ -586,8 +588,14 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                 )
             else:
                 lam[i] = damped_update(layouts[i].fam, lam[i], total, beta)
+                # A message that is not finite leaves the node where it was: report the
+                # step as refused, so a node that stops moving for that reason is
+                # "stuck" (not converged) instead of looking settled.
+                finite = jnp.all(
+                    jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(total)])
+                )
                 step_sizes[i], halvings[i] = (
-                    jnp.asarray(beta, jnp.result_type(float)),
+                    jnp.where(finite, jnp.asarray(beta, jnp.result_type(float)), 0.0),
                     jnp.zeros((), jnp.int32),
                 )
         natural = {n: _scatter(nodes[n], state.natural[n], lam[n], indices) for n in state.natural}
@@ -677,27 +685,34 @@ def _site_message(fplan: FactorPlan, lay, node: str, lam, sites, fixed):
     return (A.T @ (c1 + 2.0 * c2 * b), jnp.einsum("nd,n,ne->de", A, c2, A))
 
 
-def _saga_message(fplan: FactorPlan, lay, node: str, lam, memory, plan, fixed):
-    """The SAGA estimate of a subsampled factor's full-data message and the updated memory.
+def _memory_message(fplan: FactorPlan, lay, node: str, lam, memory, plan, fixed):
+    """The site memory's estimate of a subsampled factor's full-data message, and the
+    updated memory (autocvi.plan.site_memory).
 
-    ``memory = (c1, c2, total)``: every plate element's last sites and their message
-    summed over the plate. The batch's sites are recomputed at q = ``lam``; the
-    estimate is ``total + (N/B) (message of the new batch sites - of their old ones)``
-    (unbiased; its variance vanishes as q settles, autocvi.plan.site_memory), and the
-    batch's new sites replace the old ones in ``memory``.
+    ``memory = (c1, c2, seen, total)``: every plate element's last sites, whether it
+    was visited yet, and the sites' message summed over the visited elements. The
+    batch's sites are recomputed at q = ``lam`` and replace the old ones; the
+    estimate is the sum of every element's last site, scaled by N / (elements seen)
+    while the first pass is not complete (SAG, Schmidt, Le Roux & Bach 2017: the
+    stored gradients of all terms, averaged over those seen). A site that is not
+    finite (an overflowing link at a far-off q) keeps its old value.
     """
-    c1_all, c2_all, total = memory
+    c1_all, c2_all, seen, total = memory
     idx = fixed[plan.plate.name]
     A, b, mean, var = _predictor_moments(fplan, lay, node, jax.lax.stop_gradient(lam), fixed)
     # The factor's density carries numpyro's N/B scale: the memory holds each
     # element's own site.
     scale = plan.plate.size / plan.plate.subsample_size
     c1, c2 = (c / scale for c in _sites_at(fplan, lay, node, lam, mean, var, fixed))
+    ok = jnp.isfinite(c1) & jnp.isfinite(c2)
+    c1, c2 = jnp.where(ok, c1, c1_all[idx]), jnp.where(ok, c2, c2_all[idx])
     d1, d2 = c1 - c1_all[idx], c2 - c2_all[idx]
     delta = (A.T @ (d1 + 2.0 * d2 * b), jnp.einsum("nd,n,ne->de", A, d2, A))
-    estimate = jax.tree_util.tree_map(lambda t, d: t + scale * d, total, delta)
     total = jax.tree_util.tree_map(jnp.add, total, delta)
-    return estimate, (c1_all.at[idx].set(c1), c2_all.at[idx].set(c2), total)
+    seen = seen.at[idx].set(seen[idx] | ok)
+    count = jnp.maximum(jnp.sum(seen), 1).astype(c1.dtype)
+    estimate = jax.tree_util.tree_map(lambda t: t * (plan.plate.size / count), total)
+    return estimate, (c1_all.at[idx].set(c1), c2_all.at[idx].set(c2), seen, total)
 
 
 def expected_log_factor(fplan: FactorPlan, layouts: dict, mean_params: dict, fixed=None):

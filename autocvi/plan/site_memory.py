@@ -6,15 +6,21 @@ plate element, ``exp(c1_n eta_n + c2_n eta_n^2)`` (t-SVGP, Adam et al. 2021, Eq.
 The plain minibatch message is ``N/B`` times the batch's sites: t-SVGP's tied sites
 (their Eqs. 20-24), unbiased but noisy at every q, so its steps must decay. Keeping
 the last sites of every element (``2 N`` numbers, the O(N) memory of PG-SVI's GP
-update, Khan et al. 2016, Eq. 19) and their running sum over the whole plate gives
-the SAGA estimate of the full-data message
+update, Khan et al. 2016, Eq. 19) and their running sum gives the SAG estimate of the
+full-data message (Schmidt, Le Roux & Bach 2017): the batch's sites are refreshed at
+the current q and
 
-    g = sum_n s_n + (N / B) sum_{n in batch} (s_n(q) - s_n),
+    g = (N / n_seen) sum_{n seen} s_n,
 
-unbiased as the plain one, but whose variance vanishes as q settles: the fit
-reaches the full-batch fixed point with a constant step instead of hovering
-around it. The engine keeps the memory (``CVIState.sites``); this module decides
-where it applies.
+the sum of every element's last site (scaled by N over the elements seen until the
+first pass is complete). Stale sites bias it while q moves; at the fixed point every
+site is current and the estimate is the full-data message, so the fit reaches the
+full-batch fixed point with a constant step instead of hovering around it. For a
+log-concave likelihood every site has non-positive curvature and so does the sum:
+the estimate is always a valid Gaussian message. (SAGA's unbiased variant adds
+``(N/B) (s_n(q) - s_n)``, a difference of a fresh and a stale site that need not be:
+on a Poisson GLM it threw q to w = -19 in the second pass.) The engine keeps the
+memory (``CVIState.sites``); this module decides where it applies.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ class SiteMemory:
     def describe(self) -> str:
         return (
             f"{self.factor} -> {self.node}: one site per element of {self.plate} held in "
-            f"memory (2 x {self.plate.size} numbers; SAGA estimate of the full-data "
+            f"memory (2 x {self.plate.size} numbers; SAG estimate of the full-data "
             "message, constant step; site_memory=False sends N/B-scaled minibatch "
             "messages instead)"
         )
