@@ -70,9 +70,10 @@ def test_the_first_step_is_the_plain_minibatch_step_and_the_memory_sums_the_batc
     states = [a.step(a.init(key))[0] for a in algorithms]
     for a, b in zip(states[0].natural["u"], states[1].natural["u"]):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-4)
-    _, c2, total = states[0].sites["y->u"]
+    _, c2, visited, total = states[0].sites["y->u"]
     seen = np.flatnonzero(np.asarray(c2) != 0)
     assert len(seen) == 40  # the batch's elements, each once
+    np.testing.assert_array_equal(np.flatnonzero(np.asarray(visited)), seen)
     assert np.all(np.asarray(c2)[seen] < 0)  # log-concave likelihood: negative curvature
     # the estimate was the memory's total scaled by N/B: the total is B/N of the step's
     # message, i.e. (lam_1 - (1 - beta) lam_0) / beta minus the prior's message
