@@ -654,6 +654,17 @@ def write(name, payload, markdown, panels=None, title="") -> None:
         plt.close(fig)
 
 
+def publish(name, settings, markdown, plot, **results) -> dict:
+    """Write a benchmark's record (``write``) from its settings and results, with the
+    markdown and plot its ``markdown(payload)`` and ``plot(plt, payload)`` make; print
+    the markdown and return the payload."""
+    payload = {"benchmark": name, "settings": settings, "environment": environment(), **results}
+    md = markdown(payload)
+    write(name, payload, md, lambda plt: plot(plt, payload))
+    print(md)
+    return payload
+
+
 # ------------------------------------------------------- autocvi.fit, as a user
 def timed_fit(model, data, **kwargs) -> dict:
     """One ``autocvi.fit`` call with its defaults, as a user makes it."""

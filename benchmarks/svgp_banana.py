@@ -192,12 +192,7 @@ def run(_part="banana", quick=False):
     for c in cvi:
         c["reached"] = c["elbo"] >= best - 0.1
         c["reached_001"] = c["elbo"] >= best - 0.01
-    payload = {"benchmark": "svgp_banana", "settings": st, "environment": D.environment()}
-    payload.update(best_elbo=best, autocvi=cvi, svi=svi)
-    md = markdown(payload)
-    D.write("svgp_banana", payload, md, lambda plt: plot(plt, payload))
-    print(md)
-    return payload
+    return D.publish("svgp_banana", st, markdown, plot, best_elbo=best, autocvi=cvi, svi=svi)
 
 
 def markdown(p):

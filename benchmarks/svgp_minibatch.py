@@ -224,15 +224,18 @@ def run(_part="synthetic", quick=False):
         hit = next((t for t in r["trace"] if t[3] >= best_elbo - st["elbo_gap"]), None)
         r["reached_elbo"] = None if hit is None else {"steps": hit[0], "seconds": hit[1]}
         r["final_elbo"] = r["trace"][-1][3]
-    payload = {"benchmark": "svgp_minibatch", "settings": st, "environment": D.environment()}
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    payload.update(
-        svi_best=svi_best, target=target, best_elbo=best_elbo, runs=runs, peak_rss_mb=peak
+    return D.publish(
+        "svgp_minibatch",
+        st,
+        markdown,
+        plot,
+        svi_best=svi_best,
+        target=target,
+        best_elbo=best_elbo,
+        runs=runs,
+        peak_rss_mb=peak,
     )
-    md = markdown(payload)
-    D.write("svgp_minibatch", payload, md, lambda plt: plot(plt, payload))
-    print(md)
-    return payload
 
 
 def markdown(p):
