@@ -305,14 +305,26 @@ comes after them and shares their compiled parts.
 
 
 def plot(plt, p):
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for r in p["runs"]:
         t = r["trace"]
-        ax.plot([x[1] for x in t], [x[2] for x in t], label=r["method"])
-    ax.axhline(p["target"], color="grey", ls=":", label="target")
-    ax.set(xlabel="seconds (compilation included)", ylabel="test NLPD", xscale="log")
-    ax.set_ylim(p["svi_best"] - 0.01, p["svi_best"] + 0.15)
-    ax.legend(fontsize=7)
+        axes[0].plot([x[1] for x in t], [x[2] for x in t], label=r["method"])
+        gaps = [max(p["best_elbo"] - x[3], 1e-3) for x in t]
+        axes[1].plot([x[1] for x in t], gaps, label=r["method"])
+    axes[0].axhline(p["target"], color="grey", ls=":", label="target")
+    axes[0].set(xlabel="seconds (compilation included)", ylabel="test NLPD", xscale="log")
+    axes[0].set_ylim(p["svi_best"] - 0.005, p["svi_best"] + 0.05)
+    axes[1].axhline(p["settings"]["elbo_gap"], color="grey", ls=":")
+    axes[1].set(
+        xlabel="seconds (compilation included)",
+        ylabel="gap to the best full-data SVGP ELBO (nats)",
+        xscale="log",
+        yscale="log",
+    )
+    axes[1].set_ylim(1e-3, 1e4)
+    for ax in axes:  # log-axis minor labels overlap
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
+    axes[0].legend(fontsize=7)
     return fig
 
 
