@@ -56,6 +56,7 @@ def test_a_minibatched_svgp_reaches_the_full_data_svgp_optimum():
     assert np.max(np.abs(np.sqrt(np.diag(np.asarray(q.covariance_matrix))) / sd - 1)) < 0.02
 
 
+@pytest.mark.slow  # CI runs it; the default run stays under 10 minutes
 def test_the_first_step_is_the_plain_minibatch_step_and_the_memory_sums_the_batch():
     """With nothing in memory the SAG estimate is the N/B-scaled batch message (the
     engine's Gauss-Hermite message, computed by another route), and the memory then
@@ -118,6 +119,7 @@ def gp_classifier(K, y=None, batch_size=None):
         numpyro.sample("y", dist.Bernoulli(logits=f[idx]), obs=y[idx])
 
 
+@pytest.mark.slow  # CI runs it; the default run stays under 10 minutes
 def test_a_minibatched_full_gp_reaches_the_full_batch_posterior():
     """PG-SVI's setting (Khan et al. 2016, Eq. 19: one site per data point, minibatched):
     the full-batch fit is a function-space Gaussian block whose messages are exact
