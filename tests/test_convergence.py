@@ -163,6 +163,7 @@ def _survival_data():
     return {"age": jnp.asarray(age), "censored": jnp.asarray(censored), "t": jnp.asarray(t)}
 
 
+@pytest.mark.slow  # CI runs it; the default run stays under 10 minutes
 def test_a_start_where_every_step_is_refused_is_not_converged():
     """From b0 = -7.5 (days at 1e3 scale units) every step's ELBO is -1e20 or worse: the
     line search refuses them all, the ELBO stays constant, and the fit must say stuck."""

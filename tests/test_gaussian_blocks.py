@@ -107,6 +107,7 @@ def test_block_fixed_point_equals_dense_engine(model, data, solver):
     np.testing.assert_allclose(e_b, e_d, rtol=1e-10)
 
 
+@pytest.mark.slow  # CI runs it; the default run stays under 10 minutes
 def test_wide_logistic_regression_keeps_no_d_by_d_matrix():
     # The papers' colon-cancer shape: N = 62, D = 2,000.
     data = _logistic_data(62, 2000)

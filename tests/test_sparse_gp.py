@@ -353,6 +353,7 @@ def test_exact_conditional_learned_hyperparameters_maximise_the_titsias_bound():
     assert result.elbo[-1] == pytest.approx(bound, abs=1e-6)
 
 
+@pytest.mark.slow  # CI runs it; the default run stays under 10 minutes
 def test_integrate_conditionals_reaches_the_planner_through_fit_and_cvi():
     inputs = svgp_inputs(n=40, m=6)
     result = autocvi.fit(

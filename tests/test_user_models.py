@@ -210,6 +210,7 @@ HANG_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # CI runs it; the default run stays under 10 minutes
 def test_gp_with_latent_lengthscale_does_not_hang():
     """Issue 17.4: n = 20 never returned (deadlock). A subprocess with a time limit,
     so that a hang fails CI instead of stalling it."""
