@@ -157,6 +157,7 @@ def test_second_init_reuses_the_trace(fitted, monkeypatch):
     assert len(calls) >= 1
 
 
+@pytest.mark.slow  # CI runs it; the default run stays well under 10 minutes
 def test_predictive_like_autonormal(fitted):
     cvi, X, y, result = fitted
     n = 2000

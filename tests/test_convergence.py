@@ -176,6 +176,7 @@ def test_a_start_where_every_step_is_refused_is_not_converged():
     assert r.diagnostics.stuck and not r.diagnostics.trustworthy
 
 
+@pytest.mark.slow  # CI runs it; the default run stays well under 10 minutes
 def test_default_start_is_the_best_of_the_candidates():
     """A joint group starts at the highest log density of 18 candidates (the prior median,
     its 15 draws, the centre, the traced draw). The median alone strands this fit (b0 ~

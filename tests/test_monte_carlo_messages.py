@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+import pytest
 from scipy.stats import halfnorm
 
 import autocvi
@@ -62,6 +63,7 @@ def exact_posterior(X, y):
     return mean, np.sqrt(np.diag(second) - mean**2)
 
 
+@pytest.mark.slow  # CI runs it; the default run stays well under 10 minutes
 def test_antithetic_draws_make_the_gaussian_likelihoods_message_exact():
     """The Bonnet/Price gradient of a factor quadratic in q's coordinates carries the
     noise H (mean(x) - m); with N = 2,000 collinear rows that kept q's means 0.05 sd

@@ -16,6 +16,7 @@ from test_monte_carlo_messages import regression  # noqa: E402  (the same user m
 from autocvi.infer.fit import _posterior_of, posterior_of
 
 
+@pytest.mark.slow  # CI runs it; the default run stays well under 10 minutes
 def test_compiled_posterior_equals_the_eager_build_in_the_models_order():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(50, 3)).astype(np.float32)
