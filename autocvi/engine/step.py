@@ -682,6 +682,12 @@ def _site_message(fplan: FactorPlan, lay, node: str, lam, sites, fixed):
     ``fixed``: ``(A^T (c1 + 2 c2 b), A^T diag(c2) A)`` in mean-parameter gradients."""
     c1, c2 = sites
     A, b, _, _ = _predictor_moments(fplan, lay, node, jax.lax.stop_gradient(lam), fixed)
+    return _message_of_sites(A, b, c1, c2)
+
+
+def _message_of_sites(A, b, c1, c2):
+    """The message of per-element sites ``exp(c1_n eta_n + c2_n eta_n^2)`` through the
+    predictor ``eta = A x + b``, in natural parameters of x (t-SVGP Eq. 9)."""
     return (A.T @ (c1 + 2.0 * c2 * b), jnp.einsum("nd,n,ne->de", A, c2, A))
 
 
@@ -707,7 +713,7 @@ def _memory_message(fplan: FactorPlan, lay, node: str, lam, memory, plan, fixed)
     ok = jnp.isfinite(c1) & jnp.isfinite(c2)
     c1, c2 = jnp.where(ok, c1, c1_all[idx]), jnp.where(ok, c2, c2_all[idx])
     d1, d2 = c1 - c1_all[idx], c2 - c2_all[idx]
-    delta = (A.T @ (d1 + 2.0 * d2 * b), jnp.einsum("nd,n,ne->de", A, d2, A))
+    delta = _message_of_sites(A, b, d1, d2)
     total = jax.tree_util.tree_map(jnp.add, total, delta)
     seen = seen.at[idx].set(seen[idx] | ok)
     count = jnp.maximum(jnp.sum(seen), 1).astype(c1.dtype)
