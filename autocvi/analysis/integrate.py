@@ -52,9 +52,17 @@ from numpyro.distributions import Distribution, Normal, constraints
 from ..families.base import unwrap_distribution
 from ..jaxpr import structural_jit
 from ..model.graph import FactorGraph
+from .expectations import GH_ORDER
 from .layout import LatentLayout
+from .linear_predictor import LinearPredictor, find_linear_predictor
 
-__all__ = ["Integration", "find_integrations", "integrate_conditionals"]
+__all__ = [
+    "Integration",
+    "find_integrations",
+    "integrate_conditionals",
+    "residual_key",
+    "residual_predictor",
+]
 
 _GAUSSIAN_Q = ("Normal", "MultivariateNormal")
 # Prior draws of the global latents behind the estimate of loc(u)'s prior variance.
@@ -351,6 +359,10 @@ def integrate_conditionals(graph: FactorGraph, integrations) -> FactorGraph:
 
         def site_fn(values, with_scale: bool = False):
             loc, scale = _loc_scale(prior_fn, values, shape)
+            eps_key = residual_key(it.latent)
+            if eps_key in values:  # f at one value of its residual: the child as written
+                out = inner({**values, it.latent: loc + scale * values[eps_key]}, with_scale=True)
+                return out if with_scale else out[:2]
             x, w = _rule(it.num_nodes, jnp.result_type(loc))
             nodes = loc[None] + scale[None] * jnp.reshape(x, (-1,) + (1,) * len(shape))
 
@@ -394,9 +406,70 @@ def integrate_conditionals(graph: FactorGraph, integrations) -> FactorGraph:
         variables=variables,
         factors=factors,
         edges=edges,
+        residuals={**graph.residuals, **{it.child: residual_key(it.latent) for it in firing}},
         _site_fn_builder=new_builder,
         _example_trace=None,
     )
+
+
+def residual_key(latent: str) -> str:
+    """The values key of an integrated latent's standardised residual ``e``, ``f = loc +
+    scale * e``: given it, the child's log density is the child's at that ``f`` (as the
+    model wrote it) instead of its expectation over ``e``."""
+    return f"{latent}:residual"
+
+
+def residual_predictor(log_density, example: dict, target: str, eps_key: str):
+    """A linear predictor of an integrated child for its Gaussian parent ``target`` that
+    keeps the residual apart, or None.
+
+    ``log_density`` is the child's, with the residual read from ``values[eps_key]``
+    (:func:`residual_key`). Its predictor is ``eta = a^T u + b + s e`` (``s``
+    per element: f's conditional scale, mapped through the child's affine part), so
+    ``E_{q(u)} E_e[l(eta)] = E_{N(eta | a^T m + b, a^T S a + s^2)}[l(eta)]`` (a sum of
+    independent Gaussians): the messages' 1-D rule over the total variance replaces
+    the outer rule over an inner one (32 x 32 evaluations of the likelihood per element
+    per message; ten times slower on an SVGP classifier's step).
+    :class:`~autocvi.analysis.linear_predictor.LinearPredictor` ``point_fn`` and
+    ``residual_var_fn`` carry it; its ``eta_fn``/``rest_fn`` are the integrated child's.
+    """
+    shape = tuple(jax.eval_shape(log_density, example).shape)
+    dtype = jnp.result_type(example[target])
+    zeros = jnp.zeros(shape, dtype)
+    lp = find_linear_predictor(log_density, {**example, eps_key: zeros}, target)
+    if lp is None:
+        return None
+
+    def eta_fn(values):
+        return lp.eta_fn({**values, eps_key: zeros})
+
+    def along(values, direction):
+        return jax.jvp(lambda e: lp.eta_fn({**values, eps_key: e}), (zeros,), (direction,))[1]
+
+    # eta must read e element by element (a diagonal d eta / d e), as f's conditional does.
+    r = jnp.asarray(np.random.RandomState(5).uniform(0.5, 1.5, shape), dtype)
+    ones_, scaled = along(example, jnp.ones(shape, dtype)), along(example, r)
+    if not bool(jnp.all(jnp.abs(ones_ * r - scaled) <= 1e-5 * (1.0 + jnp.max(jnp.abs(scaled))))):
+        return None
+
+    target_zero = jnp.zeros_like(example[target])
+
+    def residual_var(values):
+        # s does not depend on the target (eta is affine in it): any value will do
+        s = along({target: target_zero, **values}, jnp.ones(shape, dtype))
+        return s * s
+
+    def point_fn(eta, values):
+        return lp.rest_fn(eta, {**values, eps_key: zeros})
+
+    x, w = _rule(GH_ORDER, dtype)
+
+    def rest_fn(eta, values):
+        s = jnp.sqrt(residual_var(values))
+        per_node = jax.vmap(lambda xk: point_fn(eta + s * xk, values))(x)
+        return jnp.tensordot(w, per_node, axes=1)
+
+    return LinearPredictor(eta_fn, rest_fn, point_fn, residual_var)
 
 
 def integrated_marginal_note(integrations) -> list[str]:

@@ -53,6 +53,22 @@ class LinearPredictor(NamedTuple):
 
     eta_fn: Callable[[dict], Any]
     rest_fn: Callable[[Any, dict], Any]
+    # Set when ``rest_fn`` is itself a Gaussian expectation,
+    # ``rest_fn(eta, v) = E_{e ~ N(0, 1)}[point_fn(eta + s e, v)]`` with
+    # ``s**2 = residual_var_fn(v)`` per element (an integrated conditional's
+    # residual: autocvi.analysis.integrate). Then
+    # ``E_{eta ~ N(m, v)}[rest_fn(eta)] = E_{eta ~ N(m, v + s^2)}[point_fn(eta)]``: one
+    # 1-D rule instead of an outer rule over an inner one.
+    point_fn: Callable[[Any, dict], Any] | None = None
+    residual_var_fn: Callable[[dict], Any] | None = None
+
+    def point_rest(self, values: dict) -> tuple[Callable, Any]:
+        """``(l, r)`` with ``E_{eta ~ N(m, v)}[rest_fn(eta, values)] =
+        E_{eta ~ N(m, v + r)}[l(eta)]`` per element: ``(point_fn, s^2)`` for a
+        predictor with a Gaussian residual, else ``(rest_fn, 0)``."""
+        if self.point_fn is None:
+            return (lambda eta: self.rest_fn(eta, values)), 0.0
+        return (lambda eta: self.point_fn(eta, values)), self.residual_var_fn(values)
 
 
 # --------------------------------------------------------------------------

@@ -65,6 +65,9 @@ class _Term:
     A: Any = field(default=None, repr=False)  # (N, D) dense, or None
     a: Any = field(default=None, repr=False)  # (D,) when eta_t = a_t x_t + b_t
     b: Any = field(default=None, repr=False)  # (N,)
+    # Variance per element added to eta's (an integrated conditional's residual:
+    # LinearPredictor.point_rest), 0 for none.
+    residual: Any = field(default=0.0, repr=False)
 
     @property
     def size(self) -> int:
@@ -287,7 +290,7 @@ class GaussianBlock:
 
 
 def _gh_expectation(term: _Term, mean, var):
-    var = jnp.maximum(var, 0.0)
+    var = jnp.maximum(var, 0.0) + term.residual
     eta = mean[None] + jnp.sqrt(var)[None] * jnp.asarray(_GH_NODES, mean.dtype)[:, None]
     vals = jax.vmap(lambda e: term.rest(jnp.reshape(e, term.eta_shape)))(eta)
     vals = jnp.reshape(vals, (vals.shape[0], -1))
@@ -517,8 +520,8 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
 
         b, along, A = predictor_probes(directions)
 
-        def rest(eta, lp=lp):
-            return lp.rest_fn(eta, values)
+        rest, residual = lp.point_rest(values)
+        residual = jnp.ravel(jnp.broadcast_to(residual, eta_shape))
 
         a = None
         if b.shape[0] == dim:
@@ -527,7 +530,7 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
                 a = along[0]
         if A is None and a is None:
             return None
-        terms.append(_Term(fname, eta_shape, rest, A=A, a=a, b=b))
+        terms.append(_Term(fname, eta_shape, rest, A=A, a=a, b=b, residual=residual))
 
     num_sites = sum(t.size for t in terms)
     # The Markov solver holds a diagonal or tridiagonal prior precision only: a

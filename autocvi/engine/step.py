@@ -281,9 +281,10 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                 var = jnp.einsum("n...d,...de,n...e->n", jac, cov, jac)
             else:
                 var = jnp.einsum("n...,...,n...->n", jac, cov, jac)
-            var = jnp.reshape(jnp.maximum(var, 0.0), mean.shape)
+            rest, residual = lp.point_rest(values)
+            var = jnp.reshape(jnp.maximum(var, 0.0), mean.shape) + residual
             eta = mean[None] + jnp.sqrt(var)[None] * _GH_NODES.reshape((-1,) + (1,) * mean.ndim)
-            vals = jax.vmap(lambda e: lp.rest_fn(e, values))(eta)
+            vals = jax.vmap(rest)(eta)
             return jnp.tensordot(_GH_WEIGHTS, vals, axes=1)
 
         return per_point
@@ -667,9 +668,12 @@ def _sites_at(fplan: FactorPlan, lay, node: str, lam, mean, var, fixed):
     lp = fplan.linear_predictors[node]
     shape = jnp.shape(lp.eta_fn({**fixed, node: lay.to_site(lay.fam.natural_to_mean(lam)[0])}))
 
+    rest, residual = lp.point_rest(fixed)
+    residual = jnp.ravel(jnp.broadcast_to(residual, shape))
+
     def expected(mu, v):
-        eta = mu[None] + jnp.sqrt(jnp.maximum(v, 0.0))[None] * _GH_NODES[:, None]
-        vals = jax.vmap(lambda e: jnp.ravel(lp.rest_fn(jnp.reshape(e, shape), fixed)))(eta)
+        eta = mu[None] + jnp.sqrt(jnp.maximum(v, 0.0) + residual)[None] * _GH_NODES[:, None]
+        vals = jax.vmap(lambda e: jnp.ravel(rest(jnp.reshape(e, shape))))(eta)
         return jnp.sum(jnp.tensordot(_GH_WEIGHTS, vals, axes=1))
 
     d_mu, d_v = jax.grad(expected, argnums=(0, 1))(mean, var)

@@ -157,6 +157,9 @@ class FactorGraph:
     factors: dict[str, FactorNode]
     params: dict[str, ParamNode]
     edges: dict[tuple[str, str], EdgeInfo] = field(default_factory=dict)
+    # Integrated children (autocvi.analysis.integrate): factor -> the values key of the
+    # integrated latent's standardised residual, which evaluates the child as written.
+    residuals: dict[str, str] = field(default_factory=dict, repr=False)
     # Hidden plumbing used by the analyses: how to evaluate one factor's log
     # density. Set by the tracer; not part of the printed graph.
     _site_fn_builder: Callable[[str], Callable] | None = field(default=None, repr=False)

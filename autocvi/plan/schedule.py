@@ -32,7 +32,7 @@ from jax.extend import core as jax_core
 
 from ..analysis.classify import classify_graph, latent_layouts, trace
 from ..analysis.expectations import Alignment, PointSet, alignment, expect, moment_point_set
-from ..analysis.integrate import find_integrations, integrate_conditionals
+from ..analysis.integrate import find_integrations, integrate_conditionals, residual_predictor
 from ..analysis.joint import choose_start, find_joint_groups, joint_model
 from ..analysis.layout import LatentLayout
 from ..analysis.linear_predictor import find_linear_predictor
@@ -402,6 +402,8 @@ def build_schedule(
                 if too_big and not block_candidate:
                     continue
                 lp = _gauss_hermite_predictor(log_density, example, latent, lay, conj[latent])
+                if lp is not None and fac.name in graph.residuals:
+                    lp = _with_residual(graph, fac.name, example, latent, out.shape) or lp
                 if lp is not None:
                     predictors[latent] = lp
                     if too_big:
@@ -578,6 +580,19 @@ def _gauss_hermite_predictor(log_density, example, latent, lay, conjugate):
     try:
         return find_linear_predictor(log_density, example, latent)
     except Exception:  # noqa: BLE001 - no split means the Monte Carlo message is used
+        return None
+
+
+def _with_residual(graph: FactorGraph, factor: str, example: dict, latent: str, shape):
+    """The integrated child's predictor with its residual kept apart (one 1-D rule for
+    the messages instead of an outer rule over an inner one), or None."""
+    eps_key = graph.residuals[factor]
+    dtype = jnp.result_type(example[latent])
+    with_eps = {**example, eps_key: jnp.zeros(shape, dtype)}
+    log_density = _compiled_log_density(graph.log_density_fn(factor), with_eps)
+    try:
+        return residual_predictor(log_density, with_eps, latent, eps_key)
+    except Exception:  # noqa: BLE001 - the integrated child's own predictor is kept
         return None
 
 
