@@ -292,3 +292,57 @@ def test_mixture_weights_on_the_simplex_are_the_mean_responsibilities():
     responsibilities = np.asarray(result.posterior["c"].probs).mean(axis=0)
     np.testing.assert_allclose(result.params["weights"], responsibilities, atol=1e-3)
     assert float(np.sum(result.params["weights"])) == pytest.approx(1.0, abs=1e-5)
+
+
+def ard_regression(X, y=None):
+    """GP regression with one length-scale per input (automatic relevance determination)."""
+    lengthscale = numpyro.param(
+        "lengthscale", jnp.ones(X.shape[1]), constraint=constraints.positive
+    )
+    amplitude = numpyro.param("amplitude", 1.0, constraint=constraints.positive)
+    noise = numpyro.param("noise", 0.5, constraint=constraints.positive)
+    d = (X[:, None, :] - X[None, :, :]) / lengthscale
+    K = amplitude**2 * jnp.exp(-0.5 * jnp.sum(d**2, -1)) + JITTER * jnp.eye(X.shape[0])
+    f = numpyro.sample("f", dist.MultivariateNormal(jnp.zeros(X.shape[0]), covariance_matrix=K))
+    numpyro.sample("y", dist.Normal(f, noise), obs=y)
+
+
+@pytest.mark.float64
+def test_an_irrelevant_inputs_lengthscale_runs_off_and_em_still_settles():
+    """ARD on an input that carries nothing: its length-scale's optimum is at infinity,
+    so the params never stop moving while the bound stops rising. EM settles on the
+    bound (scikit-learn's exact type-II maximum likelihood is the oracle for its value)
+    instead of running out of rounds with converged=False."""
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+
+    x, y = motorcycle(n=2)
+    noise_input = np.random.default_rng(1).normal(size=x.shape)
+    X = np.stack([x, noise_input], axis=1)
+    result = autocvi.fit(ard_regression, dict(X=X, y=y), progress_bar=False)
+    kernel = ConstantKernel(1.0) * RBF([1.0, 1.0], (1e-5, 1e8)) + WhiteKernel(0.25)
+    gpr = GaussianProcessRegressor(kernel, alpha=JITTER, n_restarts_optimizer=2, random_state=0)
+    gpr.fit(X, y)
+    assert result.em.settled and result.converged
+    lengthscale = np.asarray(result.params["lengthscale"])
+    assert lengthscale[1] > 30 * lengthscale[0]
+    # settled on the bound, within 1e-3 nats of the exact optimum (soundness)
+    assert result.elbo[-1] == pytest.approx(gpr.log_marginal_likelihood_value_, abs=1e-3)
+
+
+def test_the_bound_rule_settles_on_shrinking_gains_only():
+    """Soundness and completeness of the bound's stopping test (EMOptions.bound_tol)."""
+    from autocvi.infer.hyper import _bound_settled
+
+    start = -300.0
+    # gains halving from 1e-3: about 2e-4 nats left after the fourth, below 1e-5 * 301
+    halving = list(start + np.cumsum([0.0, 8e-3, 4e-3, 2e-3, 1e-3]))
+    assert _bound_settled(halving, 1e-5)
+    # the same gains at a tighter tolerance, or a bound still rising steadily: not settled
+    assert not _bound_settled(halving, 1e-7)
+    assert not _bound_settled(list(start + 1e-3 * np.arange(6)), 1e-5)
+    # one small gain between large ones is not a trend
+    assert not _bound_settled(list(start + np.cumsum([0.0, 0.5, 1e-6, 0.5])), 1e-5)
+    # too few rounds to tell, and a bound that fell
+    assert not _bound_settled(halving[:3], 1e-5)
+    assert not _bound_settled([start, start + 1.0, start + 0.5, start + 0.6], 1e-5)

@@ -22,7 +22,9 @@ finite, or (deterministic objectives) lowers the bound, is refused and the
 params keep their values.
 
 Deterministic EM stops when an M-step moves no unconstrained param by more
-than ``param_tol``; with Monte Carlo messages the params jitter, so it stops
+than ``param_tol``, or when the bound's gains per round have shrunk to a sum
+(extrapolated) below ``bound_tol`` relative (a param whose optimum is at
+infinity, as an irrelevant input's length-scale, never stops moving); with Monte Carlo messages the params jitter, so it stops
 when their mean over the last rounds no longer drifts, and returns that mean
 (:func:`run_em`). A last E-step at the final params runs to the loop's stopping
 rule; a fit that runs out of rounds, or whose last E-step does not converge,
@@ -66,6 +68,11 @@ class EMOptions:
         param_tol: largest change of an unconstrained param in a round that
             counts as settled (None: 1e-4 in float64, 2e-3 in float32, where
             the bound's rounding leaves the optimum defined to about that).
+        bound_tol: deterministic EM also settles when the bound's gains per
+            round shrink geometrically and their extrapolated sum, from the last
+            round on, is below ``bound_tol * (1 + |bound|)`` (None: 1e-5): a
+            param whose optimum is at infinity (the length-scale of an input
+            that carries nothing) never stops moving while the bound does.
         bound: the M-step's objective: ``"dual"`` (t-SVGP Eq. 15: q's sites
             held, the prior moving with the params) or ``"standard"`` (their
             Eq. 14: q held, the usual variational EM), for comparison.
@@ -78,6 +85,7 @@ class EMOptions:
     optimizer: str | None = None
     learning_rate: float = 0.02
     param_tol: float | None = None
+    bound_tol: float | None = None
     bound: str = "dual"
 
     def resolved(self, num_steps: int, deterministic: bool, chunk: int) -> EMOptions:
@@ -88,6 +96,7 @@ class EMOptions:
             e_steps=self.e_steps or (num_steps if deterministic else chunk),
             final_steps=self.final_steps or num_steps,
             param_tol=self.param_tol if self.param_tol is not None else (1e-4 if x64 else 2e-3),
+            bound_tol=self.bound_tol if self.bound_tol is not None else 1e-5,
         )
 
 
@@ -322,7 +331,7 @@ def run_em(e_step, mstep, move, state, rng_key, space, deterministic, options: E
         refused += int(not bool(info.accepted))
         if deterministic:
             moved = float(np.max(np.abs(frees[-1] - free_old), initial=0.0))
-            converged = moved <= options.param_tol
+            converged = moved <= options.param_tol or _bound_settled(bounds, options.bound_tol)
         elif len(frees) >= 3 * _EM_WINDOW:  # the first _EM_WINDOW rounds are burn-in
             converged = _no_trend(np.stack(frees[-2 * _EM_WINDOW :]), options.param_tol)
         if converged:
@@ -344,6 +353,27 @@ def run_em(e_step, mstep, move, state, rng_key, space, deterministic, options: E
 
 # Rounds per window of the stochastic EM's stopping test.
 _EM_WINDOW = 5
+
+
+def _bound_settled(bounds: list, tol: float) -> bool:
+    """The bound's remaining gain, extrapolated from its last gains per round, is below
+    ``tol * (1 + |bound|)``.
+
+    EM converges linearly: with gains ``g_{r-1}, g_r`` the remaining ones sum to about
+    ``g_r rho / (1 - rho)``, ``rho = g_r / g_{r-1}`` (Aitken's estimate). Three
+    shrinking gains are required, so one small step between two large ones does not
+    stop it; gains that do not shrink (``rho >= 1``) never settle it.
+    """
+    if len(bounds) < 4:
+        return False
+    gains = np.diff(np.asarray(bounds[-4:], float))
+    if not np.all(np.isfinite(gains)) or np.any(gains < 0):
+        return False
+    if gains[2] > 0 and not gains[2] < gains[1] < gains[0]:
+        return False
+    rho = gains[2] / gains[1] if gains[1] > 0 else 0.0
+    remaining = gains[2] + gains[2] * rho / (1.0 - rho)
+    return bool(remaining <= tol * (1.0 + abs(bounds[-1])))
 
 
 def _no_trend(values: np.ndarray, tol: float) -> bool:
