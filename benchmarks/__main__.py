@@ -21,6 +21,7 @@ BENCHMARKS = (
     "gp_regression_em",
     "svgp_banana",
     "svgp_minibatch",
+    "svgp_uci",
     "gaussian_mixture",
     "factor_models",
     "zoo",

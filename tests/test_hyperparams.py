@@ -307,6 +307,7 @@ def ard_regression(X, y=None):
     numpyro.sample("y", dist.Normal(f, noise), obs=y)
 
 
+@pytest.mark.slow  # CI runs it; the default run stays under 10 minutes
 @pytest.mark.float64
 def test_an_irrelevant_inputs_lengthscale_runs_off_and_em_still_settles():
     """ARD on an input that carries nothing: its length-scale's optimum is at infinity,
