@@ -76,3 +76,47 @@ def test_a_minibatched_svgp_says_converged_only_near_the_full_batch_answer():
     sd = np.sqrt(np.diag(np.asarray(full.posterior["u"].covariance_matrix)))
     error = np.max(np.abs(np.asarray(mb.posterior["u"].mean - full.posterior["u"].mean)) / sd)
     assert not mb.converged or error < 0.3, (mb.converged, error)
+
+
+def _svgp_learned_amplitude(X, Z, y=None):
+    """An SVGP with a learned amplitude (so u and f would share a joint Gaussian)."""
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+    from numpyro.distributions import constraints
+
+    amplitude = numpyro.param("amplitude", 1.0, constraint=constraints.positive)
+
+    def k(a, b):
+        return amplitude**2 * jnp.exp(-0.5 * jnp.sum((a[:, None] - b[None]) ** 2, -1))
+
+    Kuu = k(Z, Z) + 1e-6 * jnp.eye(Z.shape[0])
+    Kfu = k(X, Z)
+    A = jnp.linalg.solve(Kuu, Kfu.T).T
+    u = numpyro.sample("u", dist.MultivariateNormal(jnp.zeros(Z.shape[0]), Kuu))
+    residual = jnp.clip(amplitude**2 - jnp.sum(A * Kfu, -1), 1e-10)
+    with numpyro.plate("data", X.shape[0]):
+        f = numpyro.sample("f", dist.Normal(A @ u, jnp.sqrt(residual)))
+        numpyro.sample("y", dist.Bernoulli(logits=f), obs=y)
+
+
+@pytest.mark.slow  # CI runs it; the default run stays under 10 minutes
+def test_a_large_joint_gaussian_does_not_keep_an_svgp_from_being_integrated():
+    """The integrated gap is above NEGLIGIBLE_GAP in both (about 0.06 nat per element):
+    with 110 points + 10 inducing values the joint Gaussian q(u,f) is kept (soundness:
+    small joint Gaussians still win); with 300 points it would hold 310 values, a dense
+    cubic step per iteration, and f is integrated (completeness)."""
+    from autocvi.analysis.integrate import LARGE_JOINT, NEGLIGIBLE_GAP
+
+    rng = np.random.default_rng(0)
+    decisions = {}
+    for n in (300, 120):
+        X = rng.normal(size=(n, 4))
+        y = (rng.uniform(size=n) < 0.5).astype(float)
+        schedule = autocvi.plan(_svgp_learned_amplitude, dict(X=X, Z=X[:10], y=y))
+        decisions[n] = (list(schedule.nodes), schedule.integrated)
+    assert 120 + 10 <= LARGE_JOINT < 300 + 10
+    assert decisions[120][0] == ["q(u,f)"] and not decisions[120][1]
+    assert decisions[300][0] == ["u"]
+    (it,) = decisions[300][1]
+    assert NEGLIGIBLE_GAP < it.gap_integrated < it.gap_mean_field
