@@ -40,7 +40,7 @@ from . import driver as D
 TASKS = {"airfoil": "regression", "diabetes": "classification"}
 SETTINGS = {
     "inducing": "m = 50, started at a random subset of the training fold (seed = fold), learned",
-    "kernel": "ARD squared exponential; amplitude 1 and length-scales 1 at the start; noise 0.5",
+    "kernel": "ARD squared exponential; amplitude 1 and length-scales 1 at the start",
     "folds": 5,
     "svi_learning_rates": [0.01, 0.03],
     "svi_max_steps": 6000,
@@ -238,6 +238,8 @@ def run(name="airfoil", quick=False):
     jax.config.update("jax_enable_x64", True)
     regression = TASKS[name] == "regression"
     st = dict(SETTINGS, data=name, task=TASKS[name])
+    if regression:
+        st["kernel"] += "; Gaussian noise scale 0.5 at the start, learned"
     if quick:
         st.update(folds=2, svi_learning_rates=[0.03], svi_max_steps=900)
     X, y = load(name)
@@ -274,19 +276,26 @@ def run(name="airfoil", quick=False):
 
 def markdown(p):
     st = p["settings"]
-    rows = []
+    rows, to_ours = [], []
     for f in p["folds"]:
         c = f["autocvi"]
         svi_s = f["svi_seconds_to_target"]
+        # the other way round: SVI's first checkpoint within 0.005 of autocvi's NLPD
+        hits = [t[1] for s in f["svi"] for t in s["trace"] if t[2] <= c["nlpd"] + 0.005]
+        to_ours.append(min(hits) if hits else None)
+        # SVI's answer as an optimiser gives it: the test NLPD where its ELBO was highest
+        at_best_elbo = max((t for s in f["svi"] for t in s["trace"]), key=lambda t: t[3])[2]
         rows.append(
             (
                 f["fold"],
                 f"{c['nlpd']:.4f}",
                 f"{f['svi_best_nlpd']:.4f}",
+                f"{at_best_elbo:.4f}",
                 "yes" if f["autocvi_reached"] else "no",
                 f"{c['seconds']:.1f}" + (" (cold)" if f["fold"] == 0 else " (warm)"),
                 "-" if svi_s is None else f"{svi_s:.1f}",
                 "-" if svi_s is None else f"{svi_s / c['seconds']:.2f}",
+                "never" if to_ours[-1] is None else f"{to_ours[-1]:.1f}",
                 f"{c['elbo']:.2f}",
                 f"{max(t[3] for s in f['svi'] for t in s['trace']):.2f}",
                 f"{c['rounds']} rounds, {c['iterations']} CVI iterations, "
@@ -296,11 +305,13 @@ def markdown(p):
     head = (
         "fold",
         "autocvi test NLPD",
-        "SVI best test NLPD",
+        "SVI best test NLPD (any checkpoint)",
+        "SVI test NLPD at its best ELBO",
         "autocvi within 0.005",
         "autocvi seconds",
         "SVI seconds to within 0.005 of its best",
         "ratio SVI / autocvi",
+        "SVI seconds to within 0.005 of autocvi's NLPD",
         "autocvi SVGP ELBO",
         "SVI best SVGP ELBO",
         "autocvi work",
@@ -321,6 +332,8 @@ def markdown(p):
             if ratios and p["folds"][0]["autocvi_reached"]
             else "autocvi did not reach the target on every fold"
         )
+        + f"; SVI got within 0.005 of autocvi's test NLPD on {sum(t is not None for t in to_ours)}"
+        f" of {len(to_ours)} folds in {st['svi_max_steps']} steps"
     )
     return f"""# Sparse GP with learned inducing inputs, {st["data"]} ({st["task"]}), 5-fold
 
