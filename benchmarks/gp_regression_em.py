@@ -88,22 +88,18 @@ def run_svi(x, y, variant, lr, best, max_steps, chunk):
     svi = SVI(m, AutoMultivariateNormal(m), numpyro.optim.Adam(lr), Trace_ELBO())
     state = svi.init(jax.random.PRNGKey(0), x, y=y)
 
-    def steps(state):
-        return jax.lax.scan(lambda s, _: (svi.update(s, x, y=y)[0], None), state, None, chunk)[0]
-
-    t = time.perf_counter()
-    compiled = jax.jit(steps).lower(state).compile()
-    compile_s = time.perf_counter() - t
-    trace, loop_s, reached = [], 0.0, None
-    for k in range(max_steps // chunk):
-        t = time.perf_counter()
-        state = jax.block_until_ready(compiled(state))
-        loop_s += time.perf_counter() - t
-        value = log_ml(svi.get_params(state), x, y)
-        trace.append(((k + 1) * chunk, loop_s, value))
-        if reached is None and value >= best - 0.1:
-            reached = {"steps": (k + 1) * chunk, "seconds": compile_s + loop_s}
-            break
+    compile_s, trace, state = D.svi_in_chunks(
+        svi,
+        state,
+        chunk,
+        max_steps,
+        lambda state: (log_ml(svi.get_params(state), x, y),),
+        x,
+        y=y,
+        stop=lambda row: row[2] >= best - 0.1,
+    )
+    hit = trace[-1] if trace and trace[-1][2] >= best - 0.1 else None
+    reached = None if hit is None else {"steps": hit[0], "seconds": compile_s + hit[1]}
     params = {n: float(svi.get_params(state)[n]) for n in NAMES}
     return {
         "variant": variant,

@@ -153,20 +153,12 @@ def run_svi(X, Z, y, variant, lr, max_steps, chunk):
     svi = SVI(model, AutoMultivariateNormal(model), numpyro.optim.Adam(lr), Trace_ELBO())
     state = svi.init(jax.random.PRNGKey(0), X, Z, y)
 
-    def steps(state):
-        return jax.lax.scan(lambda s, _: (svi.update(s, X, Z, y)[0], None), state, None, chunk)[0]
-
-    t = time.perf_counter()
-    compiled = jax.jit(steps).lower(state).compile()
-    compile_s = time.perf_counter() - t
-    trace, loop_s = [], 0.0
-    for k in range(max_steps // chunk):
-        t = time.perf_counter()
-        state = jax.block_until_ready(compiled(state))
-        loop_s += time.perf_counter() - t
+    def score(state):
         mean, cov, params = svi_q(variant, svi, state, X, Z)
         p = {n: float(params[n]) for n in NAMES}
-        trace.append(((k + 1) * chunk, loop_s, svgp_elbo(p, mean, cov, X, Z, y), p))
+        return svgp_elbo(p, mean, cov, X, Z, y), p
+
+    compile_s, trace, _ = D.svi_in_chunks(svi, state, chunk, max_steps, score, X, Z, y)
     return {"variant": variant, "lr": lr, "compile_s": compile_s, "trace": trace}
 
 

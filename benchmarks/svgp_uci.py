@@ -215,22 +215,15 @@ def run_svi(Xtr, ytr, Xte, yte, Z0, regression, variant, lr, max_steps, chunk):
     svi = SVI(model, AutoMultivariateNormal(model), numpyro.optim.Adam(lr), Trace_ELBO())
     state = svi.init(jax.random.PRNGKey(0), Xtr, Z0, ytr)
 
-    def steps(state):
-        step = svi.update
-        return jax.lax.scan(lambda s, _: (step(s, Xtr, Z0, ytr)[0], None), state, None, chunk)[0]
-
-    t = time.perf_counter()
-    compiled = jax.jit(steps).lower(state).compile()
-    compile_s = time.perf_counter() - t
-    trace, loop_s = [], 0.0
-    for k in range(max_steps // chunk):
-        t = time.perf_counter()
-        state = jax.block_until_ready(compiled(state))
-        loop_s += time.perf_counter() - t
+    def score(state):
         mean, cov, p = svi_q(svi, state, whitened, Xtr)
-        nlpd = test_nlpd(p, mean, cov, Xte, yte, regression)
-        elbo = svgp_elbo(p, mean, cov, Xtr, ytr, regression)
-        trace.append(((k + 1) * chunk, compile_s + loop_s, nlpd, elbo))
+        return test_nlpd(p, mean, cov, Xte, yte, regression), svgp_elbo(
+            p, mean, cov, Xtr, ytr, regression
+        )
+
+    compile_s, rows, _ = D.svi_in_chunks(svi, state, chunk, max_steps, score, Xtr, Z0, ytr)
+    # rows: (steps, seconds with compilation, test NLPD, SVGP ELBO)
+    trace = [(n, compile_s + s, nlpd, elbo) for n, s, nlpd, elbo in rows]
     return {"variant": variant, "lr": lr, "compile_s": compile_s, "trace": trace}
 
 

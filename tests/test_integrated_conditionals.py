@@ -9,7 +9,12 @@ import warnings
 
 import numpy as np
 import pytest
-from test_sparse_gp import svgp, svgp_classification_optimum, svgp_inputs  # noqa: E402
+from test_sparse_gp import (  # noqa: E402
+    svgp,
+    svgp_classification_learned,
+    svgp_classification_optimum,
+    svgp_inputs,
+)
 
 import autocvi
 from autocvi.infer.convergence import FitWarning
@@ -78,31 +83,10 @@ def test_a_minibatched_svgp_says_converged_only_near_the_full_batch_answer():
     assert not mb.converged or error < 0.3, (mb.converged, error)
 
 
-def _svgp_learned_amplitude(X, Z, y=None):
-    """An SVGP with a learned amplitude (so u and f would share a joint Gaussian)."""
-    import jax.numpy as jnp
-    import numpyro
-    import numpyro.distributions as dist
-    from numpyro.distributions import constraints
-
-    amplitude = numpyro.param("amplitude", 1.0, constraint=constraints.positive)
-
-    def k(a, b):
-        return amplitude**2 * jnp.exp(-0.5 * jnp.sum((a[:, None] - b[None]) ** 2, -1))
-
-    Kuu = k(Z, Z) + 1e-6 * jnp.eye(Z.shape[0])
-    Kfu = k(X, Z)
-    A = jnp.linalg.solve(Kuu, Kfu.T).T
-    u = numpyro.sample("u", dist.MultivariateNormal(jnp.zeros(Z.shape[0]), Kuu))
-    residual = jnp.clip(amplitude**2 - jnp.sum(A * Kfu, -1), 1e-10)
-    with numpyro.plate("data", X.shape[0]):
-        f = numpyro.sample("f", dist.Normal(A @ u, jnp.sqrt(residual)))
-        numpyro.sample("y", dist.Bernoulli(logits=f), obs=y)
-
-
 @pytest.mark.slow  # CI runs it; the default run stays under 10 minutes
 def test_a_large_joint_gaussian_does_not_keep_an_svgp_from_being_integrated():
-    """The integrated gap is above NEGLIGIBLE_GAP in both (about 0.06 nat per element):
+    """An SVGP with a learned kernel (so u and f would share a joint Gaussian) on 4-d
+    inputs. The integrated gap is above NEGLIGIBLE_GAP in both (about 0.06 nat per element):
     with 110 points + 10 inducing values the joint Gaussian q(u,f) is kept (soundness:
     small joint Gaussians still win); with 300 points it would hold 310 values, a dense
     cubic step per iteration, and f is integrated (completeness)."""
@@ -113,7 +97,7 @@ def test_a_large_joint_gaussian_does_not_keep_an_svgp_from_being_integrated():
     for n in (300, 120):
         X = rng.normal(size=(n, 4))
         y = (rng.uniform(size=n) < 0.5).astype(float)
-        schedule = autocvi.plan(_svgp_learned_amplitude, dict(X=X, Z=X[:10], y=y))
+        schedule = autocvi.plan(svgp_classification_learned, dict(X=X, Z=X[:10], y=y))
         decisions[n] = (list(schedule.nodes), schedule.integrated)
     assert 120 + 10 <= LARGE_JOINT < 300 + 10
     assert decisions[120][0] == ["q(u,f)"] and not decisions[120][1]

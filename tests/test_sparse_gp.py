@@ -389,7 +389,10 @@ def svgp_classification_learned(X, Z, y=None):
     lengthscale = numpyro.param("lengthscale", 1.0, constraint=constraints.positive)
 
     def k(a, b):
-        return amplitude**2 * jnp.exp(-0.5 * (a[:, None] - b[None, :]) ** 2 / lengthscale**2)
+        d2 = (a[:, None] - b[None, :]) ** 2
+        if d2.ndim == 3:  # inputs with several columns
+            d2 = jnp.sum(d2, -1)
+        return amplitude**2 * jnp.exp(-0.5 * d2 / lengthscale**2)
 
     Kuu, Kfu = k(Z, Z) + 1e-6 * jnp.eye(Z.shape[0]), k(X, Z)
     A = jnp.linalg.solve(Kuu, Kfu.T).T
