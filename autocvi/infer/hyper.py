@@ -24,7 +24,8 @@ params keep their values.
 Deterministic EM stops when an M-step moves no unconstrained param by more
 than ``param_tol``, or when the bound's gains per round have shrunk to a sum
 (extrapolated) below ``bound_tol`` relative (a param whose optimum is at
-infinity, as an irrelevant input's length-scale, never stops moving); with Monte Carlo messages the params jitter, so it stops
+infinity, as an irrelevant input's length-scale, never stops moving); with
+Monte Carlo messages the params jitter, so it stops
 when their mean over the last rounds no longer drifts, and returns that mean
 (:func:`run_em`). A last E-step at the final params runs to the loop's stopping
 rule; a fit that runs out of rounds, or whose last E-step does not converge,
