@@ -90,7 +90,7 @@ def _fixed_point(model, data, steps):
     "model,data,solver",
     [
         (logistic, _logistic_data(60, 8), "weight-space"),
-        (logistic, _logistic_data(20, 50), "function-space"),
+        pytest.param(logistic, _logistic_data(20, 50), "function-space", marks=pytest.mark.slow),
         pytest.param(
             random_walk_poisson, _random_walk_data(80)[0], "markov", marks=pytest.mark.slow
         ),

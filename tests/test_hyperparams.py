@@ -54,7 +54,7 @@ def sklearn_type2_ml(x, y):
 @pytest.mark.parametrize(
     "every, param_rel, elbo_rel",
     [
-        pytest.param(1, 1e-3, 1e-6, marks=pytest.mark.float64, id="float64"),
+        pytest.param(1, 1e-3, 1e-6, marks=[pytest.mark.float64, pytest.mark.slow], id="float64"),
         pytest.param(2, 1e-2, 1e-3, id="float32"),
     ],
 )

@@ -53,7 +53,7 @@ def test_kmeans_responsibilities_recover_the_simulated_clusters():
     assert len(set(np.argmax(table, 1))) == K
 
 
-@pytest.mark.parametrize("seed", [4, 6, 11])
+@pytest.mark.parametrize("seed", [pytest.param(4, marks=pytest.mark.slow), 6, 11])
 def test_every_single_start_finds_the_six_clusters(seed):
     r = autocvi.fit(mixture, {"y": jnp.asarray(Y, jnp.float32)}, num_restarts=1, rng_key=seed)
     err, one_to_one = _matched_error(r.posterior["locs"].mean, CENTRES)

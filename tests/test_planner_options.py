@@ -30,6 +30,7 @@ def _kinds(schedule):
     return {k for node in schedule.nodes.values() for _, k in node.incoming}
 
 
+@pytest.mark.slow  # CI runs it; the default run stays under 10 minutes
 def test_use_quadrature_false_reaches_the_planner_through_cvi_and_fit():
     data = _data(0)
     assert "gauss-hermite" in _kinds(autocvi.plan(logistic, data))  # the default

@@ -40,6 +40,7 @@ def classification_data(n, m, seed=0):
     return dict(Kuu=kernel(z, z) + 1e-4 * np.eye(m), Kfu=kernel(x, z), kff=np.ones(n), y=y)
 
 
+@pytest.mark.slow  # CI runs it; the default run stays under 10 minutes
 def test_a_minibatched_svgp_reaches_the_full_data_svgp_optimum():
     data = classification_data(n=600, m=10)
     inputs = {k: np.asarray(v, np.float32) for k, v in data.items()}
@@ -100,6 +101,7 @@ def learned_minibatch_svgp(X, Z, y=None, B=None):
         numpyro.sample("y", dist.Bernoulli(logits=f), obs=y[idx])
 
 
+@pytest.mark.slow  # CI runs it; the default run stays under 10 minutes
 def test_site_memory_is_only_for_subsampled_factors_that_read_no_learned_param():
     data = {k: np.asarray(v, np.float32) for k, v in classification_data(n=100, m=6).items()}
     assert autocvi.plan(minibatch_svgp, data).site_memory == ()  # not subsampled

@@ -649,7 +649,7 @@ def test_error_python_control_flow_on_a_latent():
         dist.Dirichlet(jnp.ones(3)),
         dist.HalfCauchy(1.0),
         dist.Normal(jnp.zeros(2), 1.0).to_event(1),
-        dist.LKJCholesky(3, 2.0),
+        pytest.param(dist.LKJCholesky(3, 2.0), marks=pytest.mark.slow),
         dist.ImproperUniform(dist.constraints.positive, (), (2,)),  # no sampler
     ],
     ids=lambda d: type(d).__name__,
