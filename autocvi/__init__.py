@@ -11,6 +11,7 @@ Layers (each imports only from the ones before it; ``tests/test_layers.py``):
 from . import datasets
 from .analysis import trace
 from .analysis.conjugacy import EdgeVerdict, classify_edge
+from .analysis.objectives import DLM, ELBO, BetaELBO, Objective
 from .blocks import BlockPosterior
 from .engine import CVIInfo, CVIState, cvi
 from .infer import (
@@ -48,6 +49,10 @@ __all__ = [
     "CVIRunResult",
     "CVIGuide",
     "EMOptions",
+    "ELBO",
+    "BetaELBO",
+    "DLM",
+    "Objective",
     "print_summary",
     "enable_compilation_cache",
     "FitResult",

@@ -34,6 +34,9 @@ class BlockSolver(Protocol):
     """What a block asks of its solver (``block`` gives the prior and the terms)."""
 
     name: str
+    # Whether sites of negative precision (lam2 > 0) are solved as they are (else the
+    # block clips them at zero).
+    signed_sites: bool
 
     def solve(self, block, lam1, lam2):
         """``(SiteMarginals, aux)``: the predictors' posterior marginals and the factors."""
@@ -77,6 +80,8 @@ def _dense_precision(block, W):
 
 class WeightSpace:
     name = "weight-space"
+    # Sites of negative precision are fine while the posterior's stays positive definite.
+    signed_sites = True
 
     def solve(self, block, lam1, lam2):
         return gs.weight_space(block.prior["At"], block.prior["mf"], lam1, lam2)
@@ -117,6 +122,8 @@ class WeightSpace:
 
 class FunctionSpace:
     name = "function-space"
+    # The Woodbury form takes the square roots of the site precisions.
+    signed_sites = False
 
     def solve(self, block, lam1, lam2):
         p = block.prior
@@ -160,6 +167,7 @@ class FunctionSpace:
 
 class Markov:
     name = "markov"
+    signed_sites = True
 
     def solve(self, block, lam1, lam2):
         (term,) = block.terms

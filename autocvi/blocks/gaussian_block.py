@@ -29,6 +29,7 @@ element reads one state, by one Jacobian-vector product plus a random check.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,10 +38,9 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.distributions import Distribution, constraints
 
-from ..analysis.expectations import GH_NODES as _GH_NODES
-from ..analysis.expectations import GH_WEIGHTS as _GH_WEIGHTS
 from ..analysis.layout import site_posterior
 from ..analysis.linear_predictor import LinearPredictor
+from ..analysis.objectives import expected_log_likelihood
 from ..jaxpr import structural_jit
 from ..model.message_kinds import EXACT
 from . import solvers as gs
@@ -68,6 +68,8 @@ class _Term:
     # Variance per element added to eta's (an integrated conditional's residual:
     # LinearPredictor.point_rest), 0 for none.
     residual: Any = field(default=0.0, repr=False)
+    # (rest, mean, var) -> reward per element: E[l] or the objective's (FactorPlan.expected)
+    expected: Callable = field(default=expected_log_likelihood, repr=False)
 
     @property
     def size(self) -> int:
@@ -90,6 +92,9 @@ class GaussianBlock:
     # group's hierarchy): x = m0 + L0 u with L0 L0^T the prior covariance;
     # markov prior: (q_diag, q_off, h)
     prior: dict = field(default_factory=dict, repr=False)
+    # Sites of negative precision are kept, not clipped (a DLM objective's terms; the
+    # solver then must take them: BlockSolver.signed_sites).
+    signed_sites: bool = False
 
     @property
     def factors(self) -> tuple[str, ...]:
@@ -180,8 +185,10 @@ class GaussianBlock:
         element n w.r.t. the mean parameters ``(m_n, m_n^2 + v_n)`` of its
         predictor: ``lam2 = dE/dv``, ``lam1 = dE/dm - 2 m dE/dv`` (CVI App. B.1).
         Sites with positive curvature (``lam2 > 0``: a non-log-concave
-        likelihood) are clipped at zero precision, which the solvers need;
-        non-finite messages leave their site unchanged.
+        likelihood) are clipped at zero precision, which the function-space solver
+        needs, unless the block keeps signed sites (:attr:`signed_sites`: a DLM
+        objective, whose optimum has them wherever an observation lies outside its
+        predictive spread); non-finite messages leave their site unchanged.
 
         Safeguard: the step is halved (up to 12 times) while it would lower the
         ELBO or make it non-finite, and dropped if no halving helps. Returns
@@ -200,7 +207,7 @@ class GaussianBlock:
         for t in self.terms:
             m, v = means[t.factor], variances[t.factor]
             gm, gv = jax.grad(lambda mm, vv, t=t: _gh_expectation(t, mm, vv), argnums=(0, 1))(m, v)
-            lam2 = jnp.minimum(gv, 0.0)
+            lam2 = gv if self.signed_sites else jnp.minimum(gv, 0.0)
             lam1 = gm - 2.0 * lam2 * m
             old1, old2 = sites[t.factor]
             ok = jnp.isfinite(lam1) & jnp.isfinite(lam2)
@@ -218,7 +225,7 @@ class GaussianBlock:
         # Accept ties within rounding (float32 ELBOs carry ~1e-7 relative noise),
         # but nothing larger than fit's convergence tolerance (1e-6 relative):
         # a looser slack let full steps cycle around the optimum.
-        rel = 1e-10 if old_elbo.dtype == jnp.float64 else 1e-6
+        rel = (0.0 if self.signed_sites else 1e-10) if old_elbo.dtype == jnp.float64 else 1e-6
         slack = rel * (1.0 + jnp.abs(old_elbo))
 
         def bad(value):
@@ -290,11 +297,13 @@ class GaussianBlock:
 
 
 def _gh_expectation(term: _Term, mean, var):
-    var = jnp.maximum(var, 0.0) + term.residual
-    eta = mean[None] + jnp.sqrt(var)[None] * jnp.asarray(_GH_NODES, mean.dtype)[:, None]
-    vals = jax.vmap(lambda e: term.rest(jnp.reshape(e, term.eta_shape)))(eta)
-    vals = jnp.reshape(vals, (vals.shape[0], -1))
-    return jnp.sum(jnp.tensordot(jnp.asarray(_GH_WEIGHTS, mean.dtype), vals, axes=1))
+    """The term's summed reward at its predictors' marginals: ``sum_n E[l_n]`` by
+    Gauss-Hermite, or the objective's (autocvi.analysis.objectives)."""
+
+    def flat_rest(e):
+        return jnp.reshape(term.rest(jnp.reshape(e, term.eta_shape)), (-1,))
+
+    return jnp.sum(term.expected(flat_rest, mean, jnp.maximum(var, 0.0) + term.residual))
 
 
 class BlockPosterior(Distribution):
@@ -530,9 +539,23 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
                 a = along[0]
         if A is None and a is None:
             return None
-        terms.append(_Term(fname, eta_shape, rest, A=A, a=a, b=b, residual=residual))
+        terms.append(
+            _Term(
+                fname,
+                eta_shape,
+                rest,
+                A=A,
+                a=a,
+                b=b,
+                residual=residual,
+                expected=factors[fname].expected,
+            )
+        )
 
     num_sites = sum(t.size for t in terms)
+    # A reward that is not E[log density] (DLM) has sites of negative precision at its
+    # optimum: solve with a solver that takes them.
+    signed = any(t.expected is not expected_log_likelihood for t in terms)
     # The Markov solver holds a diagonal or tridiagonal prior precision only: a
     # dense one (a kernel prior that depends on a param, so it is not whitened)
     # must not reach it (its row sums were taken for the diagonal: NaN or a wrong q).
@@ -540,7 +563,9 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
         q_diag, q_off = tridiagonal if tridiagonal is not None else (q_ones, jnp.zeros_like(q_ones))
         prior = {"q_diag": q_diag, "q_off": q_off, "h": h}
         prior["factored"] = gs.markov_prior(q_diag, q_off, h)
-        return GaussianBlock(name, "markov", tuple(exact), tuple(terms), lay, dim, prior)
+        return GaussianBlock(
+            name, "markov", tuple(exact), tuple(terms), lay, dim, prior, signed_sites=signed
+        )
     if any(t.A is None for t in terms):
         return None
     # The block's constants in numpy (no op-by-op compiles), handed on as jax arrays.
@@ -551,7 +576,9 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
         L0_np = np.asarray(L0)
         prior = {"m0": m0, "L0": L0, "Q0": Q0, "At": A @ L0_np, "mf": A @ np.asarray(m0) + b}
         prior = {k: jnp.asarray(v) for k, v in prior.items()}
-        return GaussianBlock(name, "weight-space", tuple(exact), tuple(terms), lay, dim, prior)
+        return GaussianBlock(
+            name, "weight-space", tuple(exact), tuple(terms), lay, dim, prior, signed_sites=signed
+        )
     if not diagonal:
         return None
     q_ones_np, h_np = np.asarray(q_ones), np.asarray(h)
@@ -559,11 +586,16 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
     m0 = h_np / q_ones_np
     prior = {"m0": m0, "sd0": sd0, "At": A * sd0[None, :], "mf": A @ m0 + b}
     solver = "function-space" if (lay.whitening is not None or num_sites < dim) else "weight-space"
+    if signed and dim <= _MAX_DENSE_PRIOR:
+        solver = "weight-space"  # it takes signed sites; function-space would clip them
     if solver == "function-space":
         # The predictors' prior covariance, formed once (every solve needs it).
         prior["K"] = prior["At"] @ prior["At"].T
     prior = {k: jnp.asarray(v) for k, v in prior.items()}
-    return GaussianBlock(name, solver, tuple(exact), tuple(terms), lay, dim, prior)
+    signed = signed and BLOCK_SOLVERS[solver].signed_sites
+    return GaussianBlock(
+        name, solver, tuple(exact), tuple(terms), lay, dim, prior, signed_sites=signed
+    )
 
 
 # Largest dense prior precision (D x D) a block reads with a Hessian.

@@ -24,8 +24,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ..analysis.expectations import GH_NODES as _GH_NODES
-from ..analysis.expectations import GH_WEIGHTS as _GH_WEIGHTS
 from ..analysis.expectations import PointSet, expect, moment_point_set, point_mass
 from ..model.message_kinds import EXACT, FISHER, GAUSS_HERMITE, MESSAGE_KINDS, MONTE_CARLO
 from ..plan.schedule import FactorPlan, Schedule
@@ -283,9 +281,8 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                 var = jnp.einsum("n...,...,n...->n", jac, cov, jac)
             rest, residual = lp.point_rest(values)
             var = jnp.reshape(jnp.maximum(var, 0.0), mean.shape) + residual
-            eta = mean[None] + jnp.sqrt(var)[None] * _GH_NODES.reshape((-1,) + (1,) * mean.ndim)
-            vals = jax.vmap(rest)(eta)
-            return jnp.tensordot(_GH_WEIGHTS, vals, axes=1)
+            # E[l] by Gauss-Hermite, or the objective's reward (autocvi.analysis.objectives)
+            return fplan.expected(rest, mean, var)
 
         return per_point
 
@@ -671,10 +668,11 @@ def _sites_at(fplan: FactorPlan, lay, node: str, lam, mean, var, fixed):
     rest, residual = lp.point_rest(fixed)
     residual = jnp.ravel(jnp.broadcast_to(residual, shape))
 
+    def flat_rest(e):
+        return jnp.ravel(rest(jnp.reshape(e, shape)))
+
     def expected(mu, v):
-        eta = mu[None] + jnp.sqrt(jnp.maximum(v, 0.0) + residual)[None] * _GH_NODES[:, None]
-        vals = jax.vmap(lambda e: jnp.ravel(rest(jnp.reshape(e, shape))))(eta)
-        return jnp.sum(jnp.tensordot(_GH_WEIGHTS, vals, axes=1))
+        return jnp.sum(fplan.expected(flat_rest, mu, jnp.maximum(v, 0.0) + residual))
 
     d_mu, d_v = jax.grad(expected, argnums=(0, 1))(mean, var)
     d_mu, d_v = jax.lax.stop_gradient(d_mu), jax.lax.stop_gradient(d_v)

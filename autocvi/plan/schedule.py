@@ -36,6 +36,7 @@ from ..analysis.integrate import find_integrations, integrate_conditionals, resi
 from ..analysis.joint import choose_start, find_joint_groups, joint_model
 from ..analysis.layout import LatentLayout
 from ..analysis.linear_predictor import find_linear_predictor
+from ..analysis.objectives import Objective, as_objective, expected_log_likelihood
 from ..blocks.gaussian_block import find_block
 from ..jaxpr import dce, structural_jit
 from ..model.graph import EdgeInfo, FactorGraph, PlateInfo, _format_table
@@ -58,6 +59,10 @@ class FactorPlan:
     # latent -> LinearPredictor for non-conjugate Gaussian edges that see the
     # latent only through a scalar affine predictor per element (Gauss-Hermite).
     linear_predictors: dict = field(default_factory=dict, repr=False)
+    # ``(rest, mean, var) -> reward per element`` over a linear predictor's marginals:
+    # ``E[rest]`` (the ELBO's term), or the objective's (autocvi.analysis.objectives)
+    # for a likelihood factor.
+    expected: Callable = field(default=expected_log_likelihood, repr=False)
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,8 @@ class Schedule:
     # Messages from a subsampled factor to a global Gaussian held as per-element sites
     # (SiteMemory): their estimate's variance vanishes at the fixed point.
     site_memory: tuple = ()
+    # What the steps maximise (autocvi.analysis.objectives): the ELBO by default.
+    objective: Objective = field(default_factory=as_objective, repr=False)
 
     def memory_of(self, node: str) -> dict:
         """``{factor: SiteMemory}`` for the messages to ``node`` held as per-element sites."""
@@ -189,6 +196,12 @@ class Schedule:
                 else ""
             ),
             f"  message kinds: {', '.join(kinds)}; Monte Carlo draws per estimate: {self.num_samples}",
+            f"  objective: {self.objective.describe()}"
+            + (
+                ""
+                if self.objective.is_elbo
+                else " (likelihood sites: its gradient w.r.t. each predictor's mean parameters)"
+            ),
             "  subsampled plates (factors scaled by N/B): " + (", ".join(sub) if sub else "none"),
             *(f"  {m.describe()}" for m in self.site_memory),
             "",
@@ -232,6 +245,8 @@ PLANNER_OPTIONS = {
     "subsampled factor (t-SVGP's tied sites: O(m^2) memory, noise that needs decaying steps) "
     "instead of keeping one site per plate element (O(N) memory, exact at the fixed point; "
     "default True where the factor reads the node through a linear predictor)",
+    "objective": "what CVI maximises: autocvi.ELBO() (default), autocvi.BetaELBO(beta) or "
+    "autocvi.DLM(loss='log', beta=...) (direct loss minimisation)",
     "integrate_conditionals": "True integrates every local Gaussian latent whose conditional is "
     "linear-Gaussian in global Gaussians into its one child's expectation (q(u) p(f | u), as "
     "SVGP); False never; default None: where the estimated loss is smaller than mean-field's",
@@ -304,6 +319,9 @@ def plan(
         if structure == "joint":
             groups, notes = find_joint_groups(graph, latent_layouts(graph))
     notes = [*notes, *(it.describe() for it in integrations)]
+    # The user's observed sites (a joint group's members become observed sites of the
+    # rewritten model, but their densities are priors, not losses).
+    options.setdefault("likelihoods", _likelihood_factors(user_graph))
     if not groups:
         schedule = build_schedule(graph, num_samples=num_samples, step_size=step_size, **options)
         schedule.notes = (*notes, *schedule.notes)
@@ -343,6 +361,8 @@ def build_schedule(
     learn_params: bool = True,
     fixed_params=(),
     site_memory: bool = True,
+    objective=None,
+    likelihoods=None,
 ) -> Schedule:
     """Plan the schedule for an already classified graph (see :func:`plan`).
 
@@ -353,7 +373,16 @@ def build_schedule(
     (``Schedule.learned``); a Gaussian node whose factors read a learned param is
     kept dense (a block's prior and predictors are fixed arrays).
     ``site_memory=False``: no per-element sites for subsampled factors (:class:`SiteMemory`).
+    ``objective``: what the steps maximise (:mod:`autocvi.analysis.objectives`); a
+    beta-ELBO scales every likelihood's log density by ``1 / beta``; a DLM objective
+    gives each likelihood a Gauss-Hermite edge to its one Gaussian latent (refused
+    by name where the likelihood reads it otherwise). ``likelihoods``: the names of
+    the factors the objective treats as data terms (default: the graph's observed
+    sites' densities).
     """
+    objective = as_objective(objective)
+    if likelihoods is None:
+        likelihoods = _likelihood_factors(graph)
     layouts = latent_layouts(graph)
     values = graph.example_values
     params = {n: values[n] for n in graph.params}
@@ -377,6 +406,9 @@ def build_schedule(
         if not fac.latents:
             continue
         log_density = _compiled_log_density(graph.log_density_fn(fac.name), example)
+        likelihood = fac.name in likelihoods
+        scale = objective.likelihood_scale if likelihood else 1.0
+        log_density = _scaled(log_density, scale)
         out = jax.eval_shape(log_density, example)
         factor_ndim = len(out.shape)
         aligns = {}
@@ -390,7 +422,11 @@ def build_schedule(
             conj[latent] = bool(edge.conjugate)
         _check_discrete(fac.name, layouts, aligns, conj)
         predictors = {}
-        if use_quadrature:
+        dlm = likelihood and not objective.expectation_of_log_density
+        if dlm:
+            # The reward is no expectation of the log density: no exact message.
+            conj = {latent: False for latent in conj}
+        if use_quadrature or dlm:
             for latent in fac.latents:
                 lay = layouts[latent]
                 # A whole-site Gaussian may become a Gaussian block, which never
@@ -403,11 +439,13 @@ def build_schedule(
                     continue
                 lp = _gauss_hermite_predictor(log_density, example, latent, lay, conj[latent])
                 if lp is not None and fac.name in graph.residuals:
-                    lp = _with_residual(graph, fac.name, example, latent, out.shape) or lp
+                    lp = _with_residual(graph, fac.name, example, latent, out.shape, scale) or lp
                 if lp is not None:
                     predictors[latent] = lp
                     if too_big:
                         oversize.add((fac.name, latent))
+        if dlm:
+            _check_dlm(fac, objective, layouts, predictors)
         factors[fac.name] = FactorPlan(
             name=fac.name,
             latents=fac.latents,
@@ -416,6 +454,7 @@ def build_schedule(
             log_density=log_density,
             subsampled=tuple(p for p in fac.plates if p.subsampled),
             linear_predictors=predictors,
+            expected=objective.expected if dlm else expected_log_likelihood,
         )
     # Jacobians of unconstrained nodes are factors of their own (non-conjugate).
     for name, lay in layouts.items():
@@ -517,6 +556,7 @@ def build_schedule(
         num_samples = _default_num_samples(nodes, blocks)
     schedule = Schedule(graph, nodes, factors, order, 1.0, num_samples, params, blocks=blocks)
     schedule.learned = learned
+    schedule.objective = objective
     schedule.notes = tuple(block_notes)
     schedule.step_size = _default_step_size(schedule) if step_size is None else step_size
     schedule.block_step_size = 1.0 if step_size is None else step_size
@@ -555,6 +595,54 @@ def _compiled_log_density(log_density: Callable, example: dict) -> Callable:
     return evaluate
 
 
+def _likelihood_factors(graph: FactorGraph) -> frozenset:
+    """The factors of the graph's observed sites: the data terms of an objective."""
+    return frozenset(f.name for f in graph.factors.values() if f.kind == "likelihood")
+
+
+def _scaled(log_density: Callable, scale: float) -> Callable:
+    """``scale * log_density`` (the beta-ELBO's tempered likelihood), or itself at 1."""
+    if scale == 1.0:
+        return log_density
+    return lambda values: scale * log_density(values)
+
+
+def _check_dlm(fac, objective, layouts: dict, predictors: dict):
+    """A DLM objective needs each likelihood to read one Gaussian latent through a
+    scalar linear predictor per observation (the reward ``log E_q[p(y_n | f_n)]`` is
+    integrated over that predictor); anything else is refused by name."""
+    gaussian = [n for n in fac.latents if layouts[n].q_family in ("Normal", "MultivariateNormal")]
+    other = [n for n in fac.latents if n not in gaussian]
+    subsampled = [p.name for p in fac.plates if p.subsampled]
+    if len(fac.latents) == 1 and fac.latents[0] in predictors and not subsampled:
+        return
+    if subsampled:
+        why = (
+            f"it is inside the subsampled plate {subsampled[0]!r} (the minibatch's N/B scale "
+            "would land inside the log of the expectation; not built yet)"
+        )
+    elif other:
+        why = (
+            f"it also reads {', '.join(repr(n) for n in other)}, whose q is not Gaussian "
+            f"({', '.join(layouts[n].q_family for n in other)})"
+        )
+    elif len(fac.latents) > 1:
+        why = (
+            f"it reads several latents ({', '.join(repr(n) for n in fac.latents)}) that q "
+            "keeps apart (declare them in one plate-free group, or use structure='joint')"
+        )
+    else:
+        why = (
+            f"it does not read {fac.latents[0]!r} through one scalar linear predictor per "
+            "observation (or the latent is constrained)"
+        )
+    raise NotImplementedError(
+        f"{objective.describe()}: the likelihood {fac.name!r} ({fac.distribution}) cannot "
+        f"be handled: {why}. DLM integrates log E_q[p(y_n | f_n)] over a one-dimensional "
+        "Gaussian predictor f_n; use autocvi.ELBO() or autocvi.BetaELBO(beta) for this model."
+    )
+
+
 def _plate_examples(graph: FactorGraph) -> dict:
     """Example subsample indices for every subsampled plate (an input of the factors)."""
     out = {}
@@ -583,13 +671,15 @@ def _gauss_hermite_predictor(log_density, example, latent, lay, conjugate):
         return None
 
 
-def _with_residual(graph: FactorGraph, factor: str, example: dict, latent: str, shape):
+def _with_residual(
+    graph: FactorGraph, factor: str, example: dict, latent: str, shape, scale: float = 1.0
+):
     """The integrated child's predictor with its residual kept apart (one 1-D rule for
     the messages instead of an outer rule over an inner one), or None."""
     eps_key = graph.residuals[factor]
     dtype = jnp.result_type(example[latent])
     with_eps = {**example, eps_key: jnp.zeros(shape, dtype)}
-    log_density = _compiled_log_density(graph.log_density_fn(factor), with_eps)
+    log_density = _scaled(_compiled_log_density(graph.log_density_fn(factor), with_eps), scale)
     try:
         return residual_predictor(log_density, with_eps, latent, eps_key)
     except Exception:  # noqa: BLE001 - the integrated child's own predictor is kept
