@@ -309,3 +309,48 @@ def test_dlm_refuses_a_subsampled_likelihood_and_bad_arguments():
         autocvi.DLM(loss="square")
     with pytest.raises(TypeError, match="objective must be"):
         autocvi.plan(regression, {"X": X, "y": y}, objective="dlm")
+
+
+@pytest.mark.slow
+@pytest.mark.float64
+def test_dlm_learns_a_noise_param_at_the_objectives_joint_optimum():
+    """EM with a DLM objective: the noise scale learned by the M-steps and q by the
+    E-steps together maximise sum_n log q(y_n) - KL (scipy over (m, V, s))."""
+    rng = np.random.RandomState(0)
+    X = rng.randn(60, D)
+    y = X @ np.array([1.0, -0.5, 0.3]) + 0.5 * rng.randn(60)
+
+    def learned_noise(X, y=None):
+        s = numpyro.param("s", 1.0, constraint=dist.constraints.positive)
+        with numpyro.plate("features", X.shape[1]):
+            w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+        with numpyro.plate("n", X.shape[0]):
+            numpyro.sample("y", dist.Normal(X @ w, s), obs=y)
+
+    result = autocvi.fit(
+        learned_noise, {"X": X, "y": y}, objective=autocvi.DLM(beta=1.0), progress_bar=False
+    )
+
+    def unpack(t):
+        L = jnp.zeros((D, D)).at[jnp.tril_indices(D)].set(t[D:-1])
+        L = L.at[jnp.diag_indices(D)].set(jnp.exp(jnp.diag(L)))
+        return t[:D], L @ L.T, jnp.exp(t[-1])
+
+    def loss(t):
+        m, V, s = unpack(t)
+        mean, var = X @ m, jnp.einsum("nd,de,ne->n", X, V, X)
+        data_term = jnp.sum(jax.scipy.stats.norm.logpdf(y, mean, jnp.sqrt(var + s * s)))
+        return -(data_term - kl_standard(m, V))
+
+    value_and_grad = jax.jit(jax.value_and_grad(loss))
+    res = scipy.optimize.minimize(
+        lambda t: [np.asarray(a, float) for a in value_and_grad(t)],
+        np.zeros(D + D * (D + 1) // 2 + 1),
+        jac=True,
+        method="L-BFGS-B",
+        options=dict(gtol=1e-10),
+    )
+    s_ref = float(unpack(res.x)[2])
+    assert result.converged
+    assert abs(float(result.params["s"]) / s_ref - 1.0) < 3e-3
+    assert abs(s_ref / 0.5 - 1.0) > 0.1  # DLM's noise differs from the data's (0.5)

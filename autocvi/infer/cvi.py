@@ -241,7 +241,9 @@ class CVI:
             )
             state = carry.cvi_state
         else:
-            em = self.em.resolved(num_steps, exact, 2 * _WINDOW)
+            em = self.em.resolved(
+                num_steps, exact, 2 * _WINDOW, schedule.objective.expectation_of_log_density
+            )
             mstep = self._compiled(plan, ("mstep", em))
             move = self._compiled(plan, "move")
 

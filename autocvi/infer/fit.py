@@ -240,7 +240,9 @@ def fit(
     estimator = None if exact else elbo_estimator(algorithm)
     learned = schedule.learned
     if learned:
-        em = (em or EMOptions()).resolved(num_steps, exact, _CHUNK)
+        em = (em or EMOptions()).resolved(
+            num_steps, exact, _CHUNK, schedule.objective.expectation_of_log_density
+        )
         space = ParamSpace(schedule.graph, learned)
         mstep = structural_jit(m_step(algorithm, space, exact, em))
         move = structural_jit(algorithm.move_params, runs_once=True)

@@ -76,7 +76,12 @@ class EMOptions:
             that carries nothing) never stops moving while the bound does.
         bound: the M-step's objective: ``"dual"`` (t-SVGP Eq. 15: q's sites
             held, the prior moving with the params) or ``"standard"`` (their
-            Eq. 14: q held, the usual variational EM), for comparison.
+            Eq. 14: q held, the usual variational EM), for comparison. None:
+            ``"dual"`` for the ELBO and beta-ELBO; ``"standard"`` for DLM, whose
+            reward is not an expected log density, so the dual bound's argument
+            does not hold (on a regression with a learned noise scale, the dual
+            M-steps ended 0.12% off the DLM optimum after 50 rounds, the standard
+            ones on it).
     """
 
     max_rounds: int = 50
@@ -87,13 +92,18 @@ class EMOptions:
     learning_rate: float = 0.02
     param_tol: float | None = None
     bound_tol: float | None = None
-    bound: str = "dual"
+    bound: str | None = None
 
-    def resolved(self, num_steps: int, deterministic: bool, chunk: int) -> EMOptions:
-        """These options with the defaults that depend on the fit filled in."""
+    def resolved(
+        self, num_steps: int, deterministic: bool, chunk: int, expected_log_density: bool = True
+    ) -> EMOptions:
+        """These options with the defaults that depend on the fit filled in
+        (``expected_log_density``: the objective's rewards are expected log densities,
+        ``Objective.expectation_of_log_density``)."""
         x64 = jnp.result_type(float) == jnp.float64
         return replace(
             self,
+            bound=self.bound or ("dual" if expected_log_density else "standard"),
             e_steps=self.e_steps or (num_steps if deterministic else chunk),
             final_steps=self.final_steps or num_steps,
             param_tol=self.param_tol if self.param_tol is not None else (1e-4 if x64 else 2e-3),
