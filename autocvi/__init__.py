@@ -16,13 +16,17 @@ from .blocks import BlockPosterior
 from .engine import CVIInfo, CVIState, cvi
 from .infer import (
     CVI,
+    BetaChoice,
     CVIGuide,
     CVIRunResult,
     CVIRunState,
     EMOptions,
     FitResult,
     IllConditionedError,
+    beta_grid,
+    choose_beta,
     fit,
+    predictive_log_loss,
     print_summary,
 )
 from .jaxpr import enable_compilation_cache
@@ -53,6 +57,10 @@ __all__ = [
     "BetaELBO",
     "DLM",
     "Objective",
+    "choose_beta",
+    "beta_grid",
+    "BetaChoice",
+    "predictive_log_loss",
     "print_summary",
     "enable_compilation_cache",
     "FitResult",

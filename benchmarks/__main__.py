@@ -22,6 +22,7 @@ BENCHMARKS = (
     "svgp_banana",
     "svgp_minibatch",
     "svgp_uci",
+    "dlm",
     "gaussian_mixture",
     "factor_models",
     "zoo",

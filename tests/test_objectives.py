@@ -213,7 +213,7 @@ def dlm_probit_objective(X, y, beta):
         (regression, dlm_gaussian_objective, 0.3, 1e-6),
     ]
     # probit's log E[Phi] by quadrature is not exact (errors up to 1e-7 at v = 4)
-    + [(probit, dlm_probit_objective, 1.0, 1e-5)],
+    + [pytest.param(probit, dlm_probit_objective, 1.0, 1e-5, marks=pytest.mark.slow)],
     ids=["gaussian-beta1", "gaussian-beta0.3", "probit-beta1"],
 )
 def test_log_loss_dlm_reaches_the_optimum_of_its_objective(model, objective_of, beta, tol):
@@ -354,3 +354,47 @@ def test_dlm_learns_a_noise_param_at_the_objectives_joint_optimum():
     assert result.converged
     assert abs(float(result.params["s"]) / s_ref - 1.0) < 3e-3
     assert abs(s_ref / 0.5 - 1.0) > 0.1  # DLM's noise differs from the data's (0.5)
+
+
+# ------------------------------------------------------------ choosing beta
+def test_beta_grid_is_the_papers():
+    assert autocvi.beta_grid(8) == (
+        8.0,
+        4.0,
+        2.0,
+        1.0,
+        0.5,
+        0.25,
+        0.125,
+        0.0625,
+        0.03125,
+        0.015625,
+        0.01,
+    )
+    assert autocvi.beta_grid(0.5, smallest=0.1) == (0.5, 0.25, 0.125, 0.1)
+    with pytest.raises(ValueError):
+        autocvi.beta_grid(0)
+
+
+@pytest.mark.slow
+def test_choose_beta_scores_by_the_predictive_log_loss_and_keeps_the_best():
+    """Each validation score equals the closed-form predictive log loss of its q
+    (``-mean log N(y | z^T m, z^T V z + s^2)``) within Monte Carlo error, the chosen beta
+    has the lowest, and the default grid is the paper's for n observations."""
+    X, y = data()
+    rng = np.random.RandomState(1)
+    Xv = rng.randn(30, D)
+    yv = Xv @ np.array([1.0, -0.5, 0.3]) + 0.2 + 3.0 * SIGMA * rng.randn(30)  # noisier
+    train, valid = {"X": X, "y": y}, {"X": Xv, "y": yv}
+    choice = autocvi.choose_beta(regression, train, valid, betas=(4.0, 1.0, 0.25), num_samples=4000)
+    assert set(choice.scores) == {4.0, 1.0, 0.25}
+    assert choice.scores[choice.beta] == min(choice.scores.values())
+    Zv = design(Xv)
+    for beta, result in choice.results.items():
+        m, V = joint_q(result)
+        var = np.einsum("nd,de,ne->n", Zv, V, Zv) + SIGMA**2
+        exact = -np.mean(stats.norm.logpdf(yv, Zv @ m, np.sqrt(var)))
+        assert abs(choice.scores[beta] - exact) < 0.02 * abs(exact)
+    # The grid matters here (validation noisier than training: a stronger KL weight
+    # keeps q, and so the predictive, wider).
+    assert choice.beta == 4.0 and choice.scores[0.25] - choice.scores[4.0] > 0.1

@@ -1,5 +1,6 @@
 """Layer 7, inference API: the loop, convergence, results, ``fit``."""
 
+from .choose_beta import BetaChoice, beta_grid, choose_beta, predictive_log_loss
 from .cvi import CVI, CVIRunResult, CVIRunState
 from .fit import FitResult, IllConditionedError, fit
 from .guide import CVIGuide
@@ -16,4 +17,8 @@ __all__ = [
     "CVIGuide",
     "EMOptions",
     "print_summary",
+    "BetaChoice",
+    "beta_grid",
+    "choose_beta",
+    "predictive_log_loss",
 ]
