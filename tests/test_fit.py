@@ -562,3 +562,26 @@ def test_beta_proportion_prior_is_a_beta_node_with_the_closed_form_posterior():
     q = one_step(beta_proportion_coin, dict(y=y)).posterior["p"]
     np.testing.assert_allclose(q.concentration1, 3.0 + 4.0, rtol=1e-10)
     np.testing.assert_allclose(q.concentration0, 7.0 + 2.0, rtol=1e-10)
+
+
+def test_sample_returns_every_element_of_a_local_latent_of_a_subsampled_plate():
+    """The state of a local latent holds all N elements (a minibatch visits B of them);
+    ``sample`` returns draws of all N, and each element's draws follow its own q
+    (a Gamma local scale: the sample mean of every element matches q's mean)."""
+    N = 60
+    y = jnp.asarray(np.random.RandomState(0).randn(N) + 2.0)
+
+    def model(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+        with numpyro.plate("n", N, subsample_size=12) as idx:
+            z = numpyro.sample("z", dist.Normal(mu, 1.0))
+            s = numpyro.sample("s", dist.Gamma(2.0, 2.0))
+            numpyro.sample("y", dist.Normal(z, 1.0 / jnp.sqrt(s)), obs=y[idx])
+
+    result = fit(model, {"y": y}, num_steps=30, progress_bar=False)
+    draws = result.sample(jax.random.PRNGKey(1), 4000)
+    assert draws["s"].shape == (4000, N)
+    lay = result.schedule.nodes["s"].layout
+    q = lay.fam.to_numpyro(result.state.natural["s"])  # q over all N elements
+    assert q.mean.shape == (N,)
+    np.testing.assert_allclose(draws["s"].mean(0), q.mean, rtol=0.1)

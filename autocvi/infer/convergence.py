@@ -115,6 +115,8 @@ class Diagnostics:
         stuck: nodes whose every step of the last ``WINDOW`` iterations was
             refused: their ELBO stopped changing because nothing moved, which
             the stopping rule cannot tell from convergence.
+        hazards: the planner's warnings about approximations that can leave the
+            fit far from the optimum (``Schedule.hazards``).
     """
 
     non_finite_elbo: list = field(default_factory=list)
@@ -128,6 +130,7 @@ class Diagnostics:
     halvings: dict = field(default_factory=dict)
     refused: dict = field(default_factory=dict)
     stuck: list = field(default_factory=list)
+    hazards: list = field(default_factory=list)
 
     @property
     def trustworthy(self) -> bool:
@@ -137,6 +140,7 @@ class Diagnostics:
             or self.collapsed
             or self.frozen
             or self.stuck
+            or self.hazards
             or self.noisy is not None
             or len(self.elbo_decreases) > 0
         )
@@ -151,12 +155,14 @@ def diagnose(
     deterministic: bool,
     subsampled: bool = False,
     steps=None,
+    hazards=(),
 ) -> Diagnostics:
     """Check a finished run; see :class:`Diagnostics` for what is checked.
 
-    ``steps``: the loop's per-node record (``autocvi.infer.fit.StepLog``), if any.
+    ``steps``: the loop's per-node record (``autocvi.infer.fit.StepLog``), if any;
+    ``hazards``: the schedule's (reported as they are, and untrustworthy).
     """
-    d = Diagnostics()
+    d = Diagnostics(hazards=list(hazards))
     if steps is not None:
         for name, sizes in steps.step_sizes.items():
             if sizes.size:
@@ -256,6 +262,8 @@ def report(d: Diagnostics, num_steps: int) -> None:
             "the latents, or no init_strategy (autocvi then tries three starts), or pass a "
             "larger num_samples."
         )
+    for hazard in d.hazards:
+        d.messages.append(f"the result may be far from the optimum: {hazard}")
     if d.frozen:
         d.messages.append(
             "the variational parameters never changed from their initial values: every update "

@@ -269,7 +269,15 @@ class CVI:
             state = self._compiled(plan, "average")(state, inputs)
         layouts = {n: node.layout for n, node in schedule.nodes.items()}
         diagnostics = diagnose(
-            elbos, initial, state.natural, layouts, schedule.blocks, exact, subsampled, steps
+            elbos,
+            initial,
+            state.natural,
+            layouts,
+            schedule.blocks,
+            exact,
+            subsampled,
+            steps,
+            schedule.hazards,
         )
         if trace is not None:
             trace.excuse_boundaries(diagnostics, elbos)

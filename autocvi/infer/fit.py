@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -107,7 +108,7 @@ class FitResult:
                 draws = block.sample_x(self.state.natural[name], sub, num_samples)
             else:
                 draws = lay.fam.sample(sub, self.state.natural[name], (num_samples,))
-            out[name] = lay.to_site(draws)
+            out[name] = _full_plate_layout(lay, self.schedule.nodes.get(name)).to_site(draws)
         for group in self.schedule.joint:
             out.update(group.values(out.pop(group.name)))
         return out
@@ -299,7 +300,15 @@ def fit(
     wall = sum(r[4] for r in runs)
     layouts = {n: node.layout for n, node in schedule.nodes.items()}
     diagnostics = diagnose(
-        elbos, initial, state.natural, layouts, schedule.blocks, exact, subsampled, steps
+        elbos,
+        initial,
+        state.natural,
+        layouts,
+        schedule.blocks,
+        exact,
+        subsampled,
+        steps,
+        schedule.hazards,
     )
     if trace is not None:
         trace.excuse_boundaries(diagnostics, elbos)
@@ -598,6 +607,17 @@ def gaussian_shift(schedule: Schedule):
 
 class IllConditionedError(ValueError):
     """q's covariance cannot be represented at the working precision."""
+
+
+def _full_plate_layout(lay, node):
+    """``lay`` with every subsampled plate axis at its full size: the state of a local
+    latent holds all N elements, the traced layout the minibatch's B."""
+    if node is None or not node.subsample_axes:
+        return lay
+    shape, family_shape = list(lay.shape), list(lay.family_shape)
+    for axis, plate in node.subsample_axes:
+        shape[axis] = family_shape[axis] = plate.size
+    return dataclasses.replace(lay, shape=tuple(shape), family_shape=tuple(family_shape))
 
 
 def posterior_of(schedule: Schedule, state) -> dict:

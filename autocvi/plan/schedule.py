@@ -32,7 +32,12 @@ from jax.extend import core as jax_core
 
 from ..analysis.classify import classify_graph, latent_layouts, trace
 from ..analysis.expectations import Alignment, PointSet, alignment, expect, moment_point_set
-from ..analysis.integrate import find_integrations, integrate_conditionals, residual_predictor
+from ..analysis.integrate import (
+    find_integrations,
+    integrate_conditionals,
+    mean_field_hazards,
+    residual_predictor,
+)
 from ..analysis.joint import choose_start, find_joint_groups, joint_model
 from ..analysis.layout import LatentLayout
 from ..analysis.linear_predictor import find_linear_predictor
@@ -224,6 +229,8 @@ class Schedule:
             )
         for note in self.notes:
             lines.append(f"  note: {note}")
+        for hazard in self.hazards:
+            lines.append(f"  WARNING: {hazard}")
         return "\n".join(lines)
 
 
@@ -319,6 +326,8 @@ def plan(
         if structure == "joint":
             groups, notes = find_joint_groups(graph, latent_layouts(graph))
     notes = [*notes, *(it.describe() for it in integrations)]
+    fired = [it for it in integrations if it.fires]
+    hazards = tuple(mean_field_hazards(user_graph, latent_layouts(user_graph), fired, groups))
     # The user's observed sites (a joint group's members become observed sites of the
     # rewritten model, but their densities are priors, not losses).
     options.setdefault("likelihoods", _likelihood_factors(user_graph))
@@ -326,6 +335,7 @@ def plan(
         schedule = build_schedule(graph, num_samples=num_samples, step_size=step_size, **options)
         schedule.notes = (*notes, *schedule.notes)
         schedule.integrated = tuple(it for it in integrations if it.fires)
+        schedule.hazards = hazards
         if schedule.integrated:
             schedule.user_graph = user_graph
         return schedule
@@ -346,6 +356,7 @@ def plan(
     schedule.notes = (*notes, *schedule.notes)
     schedule.user_graph = user_graph
     schedule.integrated = tuple(it for it in integrations if it.fires)
+    schedule.hazards = hazards
     return schedule
 
 
