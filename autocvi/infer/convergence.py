@@ -35,6 +35,7 @@ __all__ = [
     "converged_now",
     "Diagnostics",
     "diagnose",
+    "diagnose_schedule",
     "FitWarning",
 ]
 
@@ -215,6 +216,22 @@ def diagnose(
         if spread > float(noise_limit(tail.mean())):
             d.noisy = spread
     return d
+
+
+def diagnose_schedule(schedule, elbo, initial_natural, natural, deterministic, subsampled, steps):
+    """:func:`diagnose` for a run of ``schedule`` (its layouts, blocks and hazards)."""
+    layouts = {n: node.layout for n, node in schedule.nodes.items()}
+    return diagnose(
+        elbo,
+        initial_natural,
+        natural,
+        layouts,
+        schedule.blocks,
+        deterministic,
+        subsampled,
+        steps,
+        schedule.hazards,
+    )
 
 
 @functools.cache

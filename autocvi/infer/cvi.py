@@ -51,7 +51,7 @@ from ..analysis.layout import site_posterior
 from ..engine.step import CVIState, cvi
 from ..jaxpr import structural_jit
 from ..plan import schedule as _planner
-from .convergence import diagnose, report
+from .convergence import diagnose_schedule, report
 from .fit import _WINDOW, _chunk_runner, average_iterates, posterior_of, run_loop
 from .hyper import EMOptions, ParamSpace, m_step, run_em
 
@@ -267,17 +267,8 @@ class CVI:
             # As fit: average the jittering iterates of Monte Carlo messages
             # (Polyak-Ruppert, 2 * WINDOW more iterations).
             state = self._compiled(plan, "average")(state, inputs)
-        layouts = {n: node.layout for n, node in schedule.nodes.items()}
-        diagnostics = diagnose(
-            elbos,
-            initial,
-            state.natural,
-            layouts,
-            schedule.blocks,
-            exact,
-            subsampled,
-            steps,
-            schedule.hazards,
+        diagnostics = diagnose_schedule(
+            schedule, elbos, initial, state.natural, exact, subsampled, steps
         )
         if trace is not None:
             trace.excuse_boundaries(diagnostics, elbos)

@@ -22,7 +22,7 @@ from ..jaxpr import structural_jit
 from ..model.graph import FactorGraph, _format_table
 from ..model.message_kinds import EXACT
 from ..plan.schedule import Schedule, check_planner_options, plan
-from .convergence import WINDOW, Diagnostics, FitWarning, converged_now, diagnose, report
+from .convergence import WINDOW, Diagnostics, FitWarning, converged_now, diagnose_schedule, report
 from .hyper import EMOptions, EMTrace, ParamSpace, m_step, run_em
 
 __all__ = ["fit", "FitResult", "IllConditionedError"]
@@ -299,16 +299,8 @@ def fit(
     )
     wall = sum(r[4] for r in runs)
     layouts = {n: node.layout for n, node in schedule.nodes.items()}
-    diagnostics = diagnose(
-        elbos,
-        initial,
-        state.natural,
-        layouts,
-        schedule.blocks,
-        exact,
-        subsampled,
-        steps,
-        schedule.hazards,
+    diagnostics = diagnose_schedule(
+        schedule, elbos, initial, state.natural, exact, subsampled, steps
     )
     if trace is not None:
         trace.excuse_boundaries(diagnostics, elbos)

@@ -123,6 +123,10 @@ class Schedule:
     # Messages from a subsampled factor to a global Gaussian held as per-element sites
     # (SiteMemory): their estimate's variance vanishes at the fixed point.
     site_memory: tuple = ()
+    # Approximations the planner had to make that can leave the fit far from the
+    # optimum (autocvi.analysis.integrate.mean_field_hazards): fit reports them as
+    # FitWarnings and converged=False.
+    hazards: tuple = ()
     # What the steps maximise (autocvi.analysis.objectives): the ELBO by default.
     objective: Objective = field(default_factory=as_objective, repr=False)
 
