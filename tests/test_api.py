@@ -311,3 +311,30 @@ def test_gaussian_block_plans_again_for_new_data(monkeypatch):
         assert np.mean((X @ mean > 0) == (y > 0)) >= 0.9 and np.linalg.norm(mean) > 1.5
     # the first state keeps its own plan and posterior
     np.testing.assert_array_equal(cvi.get_posterior(first.state)["w"].mean, mean1)
+
+
+def test_a_matrix_valued_member_has_a_mean_and_variance():
+    """A matrix-valued site in a joint group (multi-output regression ``W`` of shape
+    (D, K) with a separate intercept) is a reshaped Gaussian: ``q.mean`` and
+    ``q.variance`` have the site's shape and equal the closed form (each output's
+    Bayesian linear regression on ``[X, 1]``, unit priors, known noise)."""
+    rng = np.random.default_rng(0)
+    n, d, k, noise = 60, 3, 2, 0.5
+    X = rng.normal(size=(n, d))
+    Y = X @ rng.normal(size=(d, k)) + noise * rng.normal(size=(n, k))
+
+    def model(X, Y=None):
+        W = numpyro.sample("W", dist.Normal(0.0, 1.0).expand([d, k]).to_event(2))
+        b = numpyro.sample("b", dist.Normal(0.0, 1.0).expand([k]).to_event(1))
+        with numpyro.plate("n", n):
+            numpyro.sample("Y", dist.Normal(X @ W + b, noise).to_event(1), obs=Y)
+
+    r = autocvi.fit(model, {"X": jnp.asarray(X), "Y": jnp.asarray(Y)}, progress_bar=False)
+    assert any("W" in g.member_names for g in r.schedule.joint)
+    A = np.concatenate([X, np.ones((n, 1))], 1)
+    cov = np.linalg.inv(np.eye(d + 1) + A.T @ A / noise**2)
+    mean = cov @ A.T @ Y / noise**2  # (d + 1, k)
+    q = r.posterior["W"]
+    assert q.mean.shape == q.variance.shape == (d, k)
+    np.testing.assert_allclose(q.mean, mean[:d], atol=2e-3)
+    np.testing.assert_allclose(q.variance, np.repeat(np.diag(cov)[:d, None], k, 1), rtol=2e-3)

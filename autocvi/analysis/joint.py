@@ -34,6 +34,7 @@ Gaussian block for it as for any other node.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -44,14 +45,22 @@ import numpy as np
 import numpyro
 from numpyro import handlers
 from numpyro.distributions import MultivariateNormal, Normal, TransformedDistribution, constraints
-from numpyro.distributions.transforms import ReshapeTransform, biject_to
+from numpyro.distributions.transforms import biject_to
 from numpyro.infer.util import log_density
 
 from ..jaxpr import structural_jit
 from ..model.coordinates import MEMBER_FLAG, JointCoordinates
 from ..model.graph import FactorGraph
 from ..model.trace import prior_candidates
-from .layout import LatentLayout
+from .layout import LatentLayout, Reshaped
+from .precondition import (
+    MAX_PRECONDITIONED_DIM,
+    Affine,
+    local_quadratic,
+    needs_preconditioning,
+    newton_centre,
+    whitening_affine,
+)
 
 __all__ = [
     "JointCoordinates",
@@ -59,6 +68,8 @@ __all__ = [
     "find_joint_groups",
     "joint_model",
     "choose_start",
+    "precondition_groups",
+    "describe_affine",
     "MAX_JOINT_DIM",
 ]
 
@@ -93,11 +104,17 @@ class JointMember:
 
 @dataclass(frozen=True)
 class JointGroup:
-    """Latent sites that share one Gaussian q over their unconstrained coordinates."""
+    """Latent sites that share one Gaussian q over their unconstrained coordinates.
+
+    The group's vector is ``z`` (the members' unconstrained coordinates, in order)
+    or, when ``affine`` is set (:func:`precondition_groups`), ``zeta`` with
+    ``z = affine.forward(zeta)``: q is a Gaussian over the group's vector either way.
+    """
 
     name: str
     members: tuple[JointMember, ...]
     reason: str
+    affine: Affine | None = None
 
     @property
     def dim(self) -> int:
@@ -107,20 +124,28 @@ class JointGroup:
     def member_names(self) -> tuple[str, ...]:
         return tuple(m.name for m in self.members)
 
-    def values(self, z) -> dict:
+    def unconstrained(self, vector):
+        """The members' unconstrained coordinates ``z`` from the group's vector."""
+        return vector if self.affine is None else self.affine.forward(vector)
+
+    def values(self, vector) -> dict:
+        z = self.unconstrained(vector)
         return {m.name: m.value(z) for m in self.members}
 
     def coordinates(self, values: dict):
-        """``z`` for the members' ``values`` (the inverse of :meth:`values`)."""
+        """The group's vector for the members' ``values`` (the inverse of :meth:`values`)."""
         parts = []
         for m in self.members:
             v = jnp.asarray(values[m.name])
             u = v if m.transform is None else m.transform.inv(v)
             parts.append(jnp.reshape(u, (m.size,)))
-        return jnp.concatenate(parts) if parts else jnp.zeros((0,))
+        z = jnp.concatenate(parts) if parts else jnp.zeros((0,))
+        return z if self.affine is None else self.affine.backward(z)
 
-    def log_abs_det_jacobian(self, z):
-        total = 0.0
+    def log_abs_det_jacobian(self, vector):
+        """log |d members' values / d vector| (the members' bijections and the affine map)."""
+        z = self.unconstrained(vector)
+        total = 0.0 if self.affine is None else self.affine.log_abs_det
         lead = jnp.shape(z)[:-1]
         for m in self.members:
             if m.transform is None:
@@ -132,6 +157,11 @@ class JointGroup:
                 jnp.sum(ladj, axis=tuple(range(len(lead), len(lead) + extra))) if extra else ladj
             )
         return total
+
+    @property
+    def has_jacobian(self) -> bool:
+        """Whether the model needs a log-Jacobian factor for this group."""
+        return self.affine is not None or any(m.transform is not None for m in self.members)
 
 
 def find_joint_groups(
@@ -272,6 +302,52 @@ def choose_start(model, data: dict, graph: FactorGraph, groups: list[JointGroup]
     return candidates[best], labelled[best][0]
 
 
+def precondition_groups(model, data: dict, groups: list[JointGroup], start: dict) -> list:
+    """``groups``, each with affine coordinates (:mod:`autocvi.analysis.precondition`)
+    when its curvature at ``start`` is too ill-conditioned for the working precision:
+    centred on the log joint's mode (Newton steps), whitened there. The members'
+    values at the new centre are ``group.values(zeros)``."""
+    out = []
+    for g in groups:
+        if g.affine is not None or g.dim < 2 or g.dim > MAX_PRECONDITIONED_DIM:
+            out.append(g)
+            continue
+        z0 = g.coordinates(start)
+        try:
+            quadratic = local_quadratic(_group_log_joint(model, data, g, dict(start)))
+            h = np.asarray(quadratic(z0)[2], np.float64)
+        except Exception:  # noqa: BLE001 - a model jax cannot differentiate twice: as it was
+            out.append(g)
+            continue
+        needed, condition = needs_preconditioning(h, jnp.result_type(z0))
+        if not needed:
+            out.append(g)
+            continue
+        centre, h = newton_centre(quadratic, z0)
+        out.append(dataclasses.replace(g, affine=whitening_affine(h, centre, condition)))
+    return out
+
+
+def describe_affine(group: JointGroup) -> str:
+    """The ``plan()`` note of a preconditioned group."""
+    return (
+        f"{group.name}: coordinates preconditioned (the log joint's curvature at the start "
+        f"has condition number {group.affine.condition:.1e}, beyond this precision): q is "
+        f"a Gaussian over zeta with z = c + P zeta, c the log joint's mode (Newton steps), "
+        f"P^T H P = I"
+    )
+
+
+def _group_log_joint(model, data: dict, group: JointGroup, fixed: dict):
+    """The model's log joint as a function of ``group``'s vector, other latents ``fixed``."""
+
+    def log_joint(vector):
+        values = {**fixed, **group.values(vector)}
+        return log_density(model, (), data, values)[0] + group.log_abs_det_jacobian(vector)
+
+    return log_joint
+
+
 def _log_density_or_nan(model, data, values) -> float:
     try:
         return float(log_density(model, (), data, values)[0])
@@ -303,7 +379,7 @@ def joint_model(model, groups: list[JointGroup], start: dict | None = None):
         with handlers.condition(data=values), _MarkMembers(set(values)):
             out = model(*args, **kwargs)
         for g in groups:
-            if any(m.transform is not None for m in g.members):
+            if g.has_jacobian:
                 numpyro.factor(f"{g.name}:log|J|", g.log_abs_det_jacobian(vectors[g.name]))
         return out
 
@@ -322,24 +398,43 @@ class _MarkMembers(numpyro.primitives.Messenger):
             msg["infer"] = {**(msg.get("infer") or {}), MEMBER_FLAG: True}
 
 
-def member_posteriors(group: JointGroup, q_z) -> dict:
-    """Per-member numpyro Distributions from the joint q over ``z`` (its marginals)."""
-
-    if hasattr(q_z, "covariance_matrix"):
-        loc, cov = q_z.loc, q_z.covariance_matrix
+def member_posteriors(group: JointGroup, q_vector) -> dict:
+    """Per-member numpyro Distributions from the joint q over the group's vector (its
+    marginals over the members' values)."""
+    if group.affine is not None:
+        # q over z = c + P zeta: mean c + P m, covariance (P L)(P L)^T with L q's
+        # Cholesky factor. The covariance over z can be beyond the precision's
+        # range (that is why the group was preconditioned), so a member's factor
+        # comes from a QR decomposition of its rows of P L, never a Cholesky of it.
+        loc = group.affine.forward(q_vector.loc)
+        factor = jnp.asarray(group.affine.matrix, loc.dtype) @ q_vector.scale_tril
+        var, tril = jnp.sum(factor**2, axis=-1), {}
+        for m in group.members:
+            if m.unconstrained_shape:
+                r = jnp.linalg.qr(factor[m.offset : m.offset + m.size].T, mode="r")
+                tril[m.name] = r.T * jnp.where(jnp.diagonal(r) < 0, -1.0, 1.0)[None, :]
+    elif hasattr(q_vector, "covariance_matrix"):
+        loc, cov = q_vector.loc, q_vector.covariance_matrix
+        var = jnp.diagonal(cov)
+        tril = {
+            m.name: jnp.linalg.cholesky(
+                cov[m.offset : m.offset + m.size, m.offset : m.offset + m.size]
+            )
+            for m in group.members
+            if m.unconstrained_shape
+        }
     else:  # a structured block posterior: marginal variances only
-        loc, cov = q_z.mean, None
+        loc, var, tril = q_vector.mean, q_vector.variance, {}
     out = {}
     for m in group.members:
         sl = slice(m.offset, m.offset + m.size)
         if not m.unconstrained_shape:
-            var = q_z.variance[m.offset] if cov is None else cov[m.offset, m.offset]
-            base = Normal(loc[m.offset], jnp.sqrt(var))
-        elif cov is None:
-            base = Normal(loc[sl], jnp.sqrt(q_z.variance[sl])).to_event(1)
+            base = Normal(loc[m.offset], jnp.sqrt(var[m.offset]))
+        elif m.name not in tril:
+            base = Normal(loc[sl], jnp.sqrt(var[sl])).to_event(1)
         else:
-            base = MultivariateNormal(loc[sl], covariance_matrix=cov[sl, sl])
+            base = MultivariateNormal(loc[sl], scale_tril=tril[m.name])
         if m.unconstrained_shape and tuple(m.unconstrained_shape) != (m.size,):
-            base = TransformedDistribution(base, ReshapeTransform(m.unconstrained_shape, (m.size,)))
+            base = Reshaped(base, m.unconstrained_shape)
         out[m.name] = base if m.transform is None else TransformedDistribution(base, m.transform)
     return out

@@ -30,7 +30,29 @@ from .. import families
 from ..model.coordinates import JointCoordinates
 from ..model.trace import ModelError
 
-__all__ = ["LatentLayout", "GAUSSIAN_PRIORS", "make_layout", "site_posterior"]
+__all__ = ["LatentLayout", "GAUSSIAN_PRIORS", "Reshaped", "make_layout", "site_posterior"]
+
+
+class Reshaped(TransformedDistribution):
+    """``base`` (a vector event) with its event reshaped to ``shape``.
+
+    A reshape is linear, so unlike a general :class:`TransformedDistribution` the
+    mean and variance are known: the base's, reshaped (``q.mean`` of a matrix-valued
+    site works as for any other Gaussian).
+    """
+
+    def __init__(self, base, shape, validate_args=None):
+        reshape = ReshapeTransform(tuple(shape), tuple(base.event_shape))
+        super().__init__(base, reshape, validate_args=validate_args)
+
+    @property
+    def mean(self):
+        return self.transforms[0](self.base_dist.mean)
+
+    @property
+    def variance(self):
+        return self.transforms[0](self.base_dist.variance)
+
 
 # Priors whose density is Gaussian in the site's value (isinstance, so subclasses
 # count too).
@@ -259,9 +281,7 @@ def site_posterior(lay: LatentLayout, lam):
         inner = lay._unconstrained_shape if lay.transform is not None else lay.shape
         inner = inner[lay.plate_ndim :]
         if len(inner) != 1:
-            base = TransformedDistribution(
-                base, ReshapeTransform(tuple(inner), (math.prod(inner),))
-            )
+            base = Reshaped(base, inner)
     if lay.transform is not None:
         return TransformedDistribution(base, lay.transform)
     return base

@@ -100,9 +100,10 @@ class CVIGuide:
         out = {}
         for group, q_z in self.joint:
             z = numpyro.sample(group.name, q_z, infer={"is_auxiliary": True})
+            values = group.values(z)
             for m in group.members:
-                value = m.value(z)
-                out[m.name] = numpyro.sample(m.name, dist.Delta(value, event_dim=len(m.shape)))
+                delta = dist.Delta(values[m.name], event_dim=len(m.shape))
+                out[m.name] = numpyro.sample(m.name, delta)
         for name, q in self.posterior.items():
             if name not in out:
                 out[name] = numpyro.sample(name, q)

@@ -38,7 +38,13 @@ from ..analysis.integrate import (
     mean_field_hazards,
     residual_predictor,
 )
-from ..analysis.joint import choose_start, find_joint_groups, joint_model
+from ..analysis.joint import (
+    choose_start,
+    describe_affine,
+    find_joint_groups,
+    joint_model,
+    precondition_groups,
+)
 from ..analysis.layout import LatentLayout
 from ..analysis.linear_predictor import find_linear_predictor
 from ..analysis.objectives import Objective, as_objective, expected_log_likelihood
@@ -258,6 +264,9 @@ PLANNER_OPTIONS = {
     "default True where the factor reads the node through a linear predictor)",
     "objective": "what CVI maximises: autocvi.ELBO() (default), autocvi.BetaELBO(beta) or "
     "autocvi.DLM(loss='log', beta=...) (direct loss minimisation)",
+    "precondition": "False keeps every joint group in its members' unconstrained coordinates; "
+    "default True: a group whose curvature at the start is too ill-conditioned for the working "
+    "precision (an uncentred predictor) gets affine coordinates that whiten it (plan() says so)",
     "integrate_conditionals": "True integrates every local Gaussian latent whose conditional is "
     "linear-Gaussian in global Gaussians into its one child's expectation (q(u) p(f | u), as "
     "SVGP); False never; default None: where the estimated loss is smaller than mean-field's",
@@ -319,6 +328,7 @@ def plan(
     if structure not in STRUCTURES:
         raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
     integrate = options.pop("integrate_conditionals", None)
+    precondition = options.pop("precondition", True)
     user_graph = graph = trace(model, data, init_strategy=init_strategy)
     groups, notes = [], []
     if structure == "joint":
@@ -352,16 +362,40 @@ def plan(
             "prior median, its 15 prior draws, the centre of the unconstrained space, the "
             "traced prior draw)",
         ]
-    joint_graph = trace(joint_model(model, groups, start), data, init_strategy=init_strategy)
-    if any(it.fires for it in integrations):
-        joint_graph = classify_graph(integrate_conditionals(joint_graph, integrations))
-    schedule = build_schedule(joint_graph, num_samples=num_samples, step_size=step_size, **options)
+    # Preconditioned coordinates only where the group's node is not a Gaussian block:
+    # a block factorises its prior and sites itself (robust to this conditioning), and
+    # normalises its prior as a Gaussian over the node's coordinates, which already
+    # counts the affine map's log-determinant.
+    kwargs = {"num_samples": num_samples, "step_size": step_size, **options}
+    candidates = precondition_groups(model, data, groups, start) if precondition else groups
+    schedule = _joint_schedule(model, data, groups, start, integrations, init_strategy, kwargs)
+    chosen = [
+        c if c.affine is not None and c.name not in schedule.blocks else g
+        for g, c in zip(groups, candidates)
+    ]
+    if any(g.affine is not None for g in chosen):
+        moved = dict(start)
+        for g in chosen:
+            if g.affine is not None:
+                moved.update(g.values(jnp.zeros((g.dim,), jnp.result_type(g.affine.shift))))
+        trial = _joint_schedule(model, data, chosen, moved, integrations, init_strategy, kwargs)
+        if not any(g.affine is not None and g.name in trial.blocks for g in chosen):
+            schedule, groups = trial, chosen
+            notes = [*notes, *(describe_affine(g) for g in groups if g.affine is not None)]
     schedule.joint = tuple(groups)
     schedule.notes = (*notes, *schedule.notes)
     schedule.user_graph = user_graph
     schedule.integrated = tuple(it for it in integrations if it.fires)
     schedule.hazards = hazards
     return schedule
+
+
+def _joint_schedule(model, data, groups, start, integrations, init_strategy, kwargs) -> Schedule:
+    """The schedule of ``model`` rewritten with ``groups`` (:func:`joint_model`)."""
+    joint_graph = trace(joint_model(model, groups, start), data, init_strategy=init_strategy)
+    if any(it.fires for it in integrations):
+        joint_graph = classify_graph(integrate_conditionals(joint_graph, integrations))
+    return build_schedule(joint_graph, **kwargs)
 
 
 def build_schedule(

@@ -1,0 +1,174 @@
+"""Affine coordinates for a joint Gaussian group whose curvature the working precision cannot hold.
+
+A regression on an uncentred predictor in the thousands (a year) correlates its
+intercept and slope at -0.9999x: q's precision over the group's coordinates ``z``
+then has a condition number near 1e11, and in float32 (what users get by
+default) the precision cannot be factorised at all. The posterior is not hard;
+its coordinates are badly chosen. So the group gets new coordinates ``zeta``
+with ``z = c + P zeta``, where ``c`` is the group's start and ``P`` whitens the
+curvature there: ``P^T H P ~ I`` for ``H``, the negative Hessian of the log joint
+at the start (a Laplace approximation's precision). q is a Gaussian over
+``zeta``; the CVI natural-gradient step is invariant to an affine change of
+coordinates in exact arithmetic (Khan & Lin 2017, "Conjugate-Computation
+Variational Inference", Sec. 5: a Gaussian on the unconstrained space), so this
+changes the floating-point conditioning only, not the fixed point.
+
+``H`` is computed in the working precision and decomposed in float64: it is
+first scaled to unit diagonal (Jacobi), which removes differences of scale
+exactly, and what remains (the correlation) is well inside float32's range for
+any model whose posterior correlations are not within 1e-7 of one. Its
+eigenvalues are taken in absolute value and floored, so a start where the log
+joint is not concave (or a direction the data do not inform) still gives an
+invertible map.
+
+Only groups that need it get new coordinates (the test is
+:func:`needs_preconditioning`: condition number times the dtype's epsilon above
+:data:`CONDITION_TOLERANCE`), so well-posed models run exactly as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..jaxpr import structural_jit
+
+__all__ = [
+    "Affine",
+    "CONDITION_TOLERANCE",
+    "MAX_PRECONDITIONED_DIM",
+    "local_quadratic",
+    "newton_centre",
+    "needs_preconditioning",
+    "whitening_affine",
+]
+
+# Precondition when cond(H) * eps(dtype) exceeds this: float32 from cond ~8e4
+# (its Cholesky fails near 1e7, and Monte Carlo Hessians lose digits well before),
+# float64 from ~4.5e13.
+CONDITION_TOLERANCE = 1e-2
+# Groups larger than this are not preconditioned (their curvature is a dense D x D
+# Hessian of the log joint); Gaussian blocks of that size have their own solvers.
+MAX_PRECONDITIONED_DIM = 200
+# Eigenvalues of the unit-diagonal curvature (of order one) are raised to this (a
+# direction not concave at the start).
+_EIGEN_FLOOR = 1e-10
+# Newton steps that move the centre of new coordinates to the log joint's mode, and
+# the predicted rise (nats) below which they stop.
+NEWTON_STEPS = 10
+_NEWTON_TOLERANCE = 1e-3
+# Curvature below this fraction of the largest counts as none (a flat direction).
+_FLAT = 1e-13
+
+
+@dataclass(frozen=True, eq=False)
+class Affine:
+    """``z = shift + matrix @ zeta`` (and back), with the log-determinant of ``matrix``."""
+
+    shift: np.ndarray
+    matrix: np.ndarray
+    inverse: np.ndarray
+    log_abs_det: float
+    condition: float  # of the curvature the map was built from (reported by plan())
+
+    def forward(self, zeta):
+        """``z`` from ``zeta`` (``(..., D)``)."""
+        zeta = jnp.asarray(zeta)
+        m = jnp.asarray(self.matrix, zeta.dtype)
+        return jnp.asarray(self.shift, zeta.dtype) + jnp.einsum("ij,...j->...i", m, zeta)
+
+    def backward(self, z):
+        """``zeta`` from ``z``."""
+        z = jnp.asarray(z)
+        inv = jnp.asarray(self.inverse, z.dtype)
+        return jnp.einsum("ij,...j->...i", inv, z - jnp.asarray(self.shift, z.dtype))
+
+
+def local_quadratic(log_joint):
+    """One compiled program ``z -> (log_joint(z), gradient, -Hessian)`` (at the working
+    precision; :func:`newton_centre` reads it in float64)."""
+
+    def quadratic(z):
+        value, grad = jax.value_and_grad(log_joint)(z)
+        return value, grad, -jax.hessian(log_joint)(z)
+
+    return structural_jit(quadratic, runs_once=True)
+
+
+def newton_centre(quadratic, z0, steps: int = NEWTON_STEPS):
+    """``(z, -Hessian at z)``: up to ``steps`` Newton steps from ``z0`` on the log joint,
+    each with the absolute eigenvalues of the curvature (so a non-concave start still
+    climbs) and halved up to 4 times until the log joint rises; the last point that
+    rose is kept.
+
+    Why the centre moves: q's coordinates are ``zeta`` with ``z = centre + P zeta``, and
+    the engine works with q's second moment ``m m^T + S``: when ``|m|`` is thousands
+    of posterior sd (a start far from the data, whitened), ``S`` is lost to rounding in
+    float32. From the Laplace point, ``m`` stays within a few sd of 0.
+    """
+    dtype = jnp.result_type(z0)
+
+    def at(z):
+        v, g, h = quadratic(jnp.asarray(z, dtype))
+        return float(v), np.asarray(g, np.float64), np.asarray(h, np.float64)
+
+    z = np.asarray(z0, np.float64)
+    value, grad, h = at(z)
+    for _ in range(steps):
+        if not (np.isfinite(value) and np.all(np.isfinite(grad)) and np.all(np.isfinite(h))):
+            break
+        p = whitening_affine(h, z, 1.0).matrix
+        step = p @ (p.T @ grad)
+        if 0.5 * float(grad @ step) < _NEWTON_TOLERANCE:
+            break
+        for _ in range(5):
+            candidate = at(z + step)
+            if np.isfinite(candidate[0]) and candidate[0] > value:
+                break
+            step = 0.5 * step
+        else:
+            break
+        z = z + step
+        value, grad, h = candidate
+    return z, h
+
+
+def needs_preconditioning(neg_hessian: np.ndarray, dtype) -> tuple[bool, float]:
+    """``(needed, condition number)`` of the curvature at ``dtype``'s precision.
+
+    Directions the log joint does not read at the start (zero curvature, such as
+    the observed entries of NumPyro's ``y_unobserved``) are left out: they are
+    flat, not ill-conditioned, and new coordinates would not help them.
+    """
+    h = 0.5 * (neg_hessian + neg_hessian.T)
+    if not np.all(np.isfinite(h)):
+        return False, float("nan")
+    ev = np.abs(np.linalg.eigvalsh(h))
+    informed = ev[ev > ev.max() * _FLAT]
+    if informed.size < 2:
+        return False, float("nan")
+    condition = float(informed.max() / informed.min())
+    return condition * float(jnp.finfo(dtype).eps) > CONDITION_TOLERANCE, condition
+
+
+def whitening_affine(neg_hessian: np.ndarray, shift, condition: float) -> Affine:
+    """The map ``z = shift + P zeta`` with ``P^T H P ~ I`` (module docstring).
+
+    A coordinate with zero curvature keeps unit scale and stays out of the rotation.
+    """
+    h = 0.5 * (neg_hessian + neg_hessian.T)
+    diag = np.abs(np.diag(h))
+    flat = diag <= diag.max() * _FLAT
+    d = np.where(flat, 1.0, 1.0 / np.sqrt(np.where(flat, 1.0, diag)))
+    scaled = h * d[:, None] * d[None, :]
+    scaled[flat, :] = scaled[:, flat] = 0.0
+    scaled[flat, flat] = 1.0
+    ev, vec = np.linalg.eigh(scaled)
+    ev = np.maximum(np.abs(ev), _EIGEN_FLOOR)
+    matrix = d[:, None] * vec / np.sqrt(ev)[None, :]
+    inverse = (vec * np.sqrt(ev)[None, :]).T / d[None, :]
+    log_abs_det = float(np.sum(np.log(d)) - 0.5 * np.sum(np.log(ev)))
+    return Affine(np.asarray(shift, np.float64), matrix, inverse, log_abs_det, condition)
