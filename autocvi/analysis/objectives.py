@@ -46,16 +46,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .dlm_estimators import bmc_gradient, smooth_bmc_gradient, ups_gradient
 from .expectations import GH_NODES, GH_WEIGHTS
 
 __all__ = ["Objective", "ELBO", "BetaELBO", "DLM", "as_objective", "log_expected_likelihood"]
 
 
-def expected_log_likelihood(rest: Callable, mean, var):
+def expected_log_likelihood(rest: Callable, mean, var, key=None):
     """``E_{N(f | mean, var)}[rest(f)]`` per element by 32-node Gauss-Hermite.
 
     ``rest`` maps predictors of ``mean``'s shape to per-element log densities of the
-    same shape (element n reads predictor n only); ``var >= 0``.
+    same shape (element n reads predictor n only); ``var >= 0``. ``key`` is unused
+    (the signature of :meth:`Objective.expected`).
     """
     nodes = jnp.asarray(GH_NODES, mean.dtype).reshape((-1,) + (1,) * mean.ndim)
     eta = mean[None] + jnp.sqrt(jnp.maximum(var, 0.0))[None] * nodes
@@ -136,8 +138,13 @@ class Objective:
     #: expectation of the log density, affine in q's statistics).
     expectation_of_log_density = True
 
-    def expected(self, rest: Callable, mean, var):
-        """The reward of each element (already divided by beta where it applies)."""
+    def expected(self, rest: Callable, mean, var, key=None):
+        """The reward of each element (already divided by beta where it applies).
+
+        ``key``: random numbers for an objective whose gradient is estimated by
+        sampling (the engine passes one where it takes the gradient for a message;
+        without it the value and gradient are deterministic).
+        """
         return expected_log_likelihood(rest, mean, var)
 
     @property
@@ -185,6 +192,18 @@ def _log_loss_reward(objective, rest, mean, var):
 # The DLM losses autocvi computes: name -> reward per element (the negative loss).
 DLM_LOSSES: dict[str, Callable] = {"log": _log_loss_reward}
 
+# How the log-loss reward's gradient is obtained: None is by differentiating the
+# adaptive Gauss-Hermite value; the others are the paper's sampling estimators
+# (autocvi.analysis.dlm_estimators), each (rest, mean, var, key, L, dlm) -> (d/dm, d/dv).
+DLM_GRADIENTS: dict[str, Callable | None] = {
+    "quadrature": None,
+    "bmc": lambda rest, m, v, key, dlm: bmc_gradient(rest, m, v, key, dlm.num_samples),
+    "smooth-bmc": lambda rest, m, v, key, dlm: smooth_bmc_gradient(
+        rest, m, v, key, dlm.num_samples, dlm.smoothing
+    ),
+    "ups": lambda rest, m, v, key, dlm: ups_gradient(rest, m, v, key, dlm.num_samples),
+}
+
 
 @dataclass(frozen=True)
 class DLM(Objective):
@@ -197,10 +216,20 @@ class DLM(Objective):
     latents through one scalar linear predictor per observation; ``plan()`` says which
     factors do and refuses the others by name.
 
+    ``gradient``: how the messages' gradients of that term are obtained:
+    ``"quadrature"`` (default: the derivative of the quadrature, deterministic), or the
+    paper's estimators with ``num_samples`` draws per element and step, ``"bmc"``,
+    ``"smooth-bmc"`` (``smoothing`` is its nu) and ``"ups"``
+    (:mod:`autocvi.analysis.dlm_estimators`). The objective's value (the line
+    search's and the reported one) is the quadrature's with every choice.
+
     The square loss (the paper's ``(y_hat_n - y_n)^2``) is not built yet.
     """
 
     loss: str = "log"
+    gradient: str = "quadrature"
+    num_samples: int = 10
+    smoothing: float = 1e-4
 
     def __post_init__(self):
         super().__post_init__()
@@ -209,14 +238,38 @@ class DLM(Objective):
                 f"DLM(loss={self.loss!r}) is not available; losses: {sorted(DLM_LOSSES)} "
                 "(the square loss is not built yet)"
             )
+        if self.gradient not in DLM_GRADIENTS:
+            raise ValueError(
+                f"DLM(gradient={self.gradient!r}) is not available; choose one of "
+                f"{sorted(DLM_GRADIENTS)}"
+            )
+        if int(self.num_samples) < 1 or not self.smoothing >= 0:
+            raise ValueError(
+                f"DLM: num_samples must be >= 1 and smoothing >= 0, got "
+                f"{self.num_samples!r} and {self.smoothing!r}"
+            )
 
     expectation_of_log_density = False
 
-    def expected(self, rest: Callable, mean, var):
-        return DLM_LOSSES[self.loss](self, rest, mean, var)
+    def expected(self, rest: Callable, mean, var, key=None):
+        value = DLM_LOSSES[self.loss](self, rest, mean, var)
+        estimator = DLM_GRADIENTS[self.gradient]
+        if estimator is None or key is None:
+            return value
+        # The value stays the quadrature's; the gradient w.r.t. (mean, var) is the
+        # estimator's (a surrogate whose derivative is the estimate).
+        stop = jax.lax.stop_gradient
+        gm, gv = estimator(rest, stop(mean), stop(var), key, self)
+        gm, gv = stop(gm), stop(gv)
+        return stop(value) + (gm * (mean - stop(mean)) + gv * (var - stop(var))) / self.beta
 
     def describe(self) -> str:
-        return f"DLM, {self.loss} loss (beta = {self.beta:g})"
+        how = (
+            ""
+            if self.gradient == "quadrature"
+            else f", {self.gradient} gradients, L = {self.num_samples}"
+        )
+        return f"DLM, {self.loss} loss (beta = {self.beta:g}{how})"
 
 
 def as_objective(objective=None) -> Objective:

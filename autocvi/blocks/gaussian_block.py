@@ -178,7 +178,7 @@ class GaussianBlock:
         means, variances = self._split(marginals.mean), self._split(marginals.var)
         return sum(_gh_expectation(t, means[t.factor], variances[t.factor]) for t in self.terms)
 
-    def update(self, sites, beta):
+    def update(self, sites, beta, key=None):
         """One CVI step on the sites: lam_n <- (1 - beta) lam_n + beta g_n (CVI Alg. 1).
 
         ``g_n`` is the natural gradient of the expected log likelihood of
@@ -196,6 +196,9 @@ class GaussianBlock:
         CVI step is a Newton step on each predictor, which from far away
         overshoots for exp-like likelihoods (a Poisson rate exp(eta) with counts
         in the thousands); the safeguard makes every step an ascent step.
+
+        ``key``: the draws of an objective whose gradient is a sampling estimate (DLM's
+        bMC or uPS); the values the line search compares are deterministic.
         """
         marginals, _ = self.solve(sites)
         lam1_old, lam2_old = self._stacked(sites)
@@ -204,9 +207,12 @@ class GaussianBlock:
         )
         means, variances = self._split(marginals.mean), self._split(marginals.var)
         target = {}
-        for t in self.terms:
+        for k, t in enumerate(self.terms):
             m, v = means[t.factor], variances[t.factor]
-            gm, gv = jax.grad(lambda mm, vv, t=t: _gh_expectation(t, mm, vv), argnums=(0, 1))(m, v)
+            tkey = None if key is None else jax.random.fold_in(key, k)
+            gm, gv = jax.grad(
+                lambda mm, vv, t=t, tkey=tkey: _gh_expectation(t, mm, vv, tkey), argnums=(0, 1)
+            )(m, v)
             lam2 = gv if self.signed_sites else jnp.minimum(gv, 0.0)
             lam1 = gm - 2.0 * lam2 * m
             old1, old2 = sites[t.factor]
@@ -296,14 +302,14 @@ class GaussianBlock:
         return lay.to_site(mean_x), jnp.reshape(var, lay.shape)
 
 
-def _gh_expectation(term: _Term, mean, var):
+def _gh_expectation(term: _Term, mean, var, key=None):
     """The term's summed reward at its predictors' marginals: ``sum_n E[l_n]`` by
     Gauss-Hermite, or the objective's (autocvi.analysis.objectives)."""
 
     def flat_rest(e):
         return jnp.reshape(term.rest(jnp.reshape(e, term.eta_shape)), (-1,))
 
-    return jnp.sum(term.expected(flat_rest, mean, jnp.maximum(var, 0.0) + term.residual))
+    return jnp.sum(term.expected(flat_rest, mean, jnp.maximum(var, 0.0) + term.residual, key))
 
 
 class BlockPosterior(Distribution):

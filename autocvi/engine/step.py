@@ -31,6 +31,9 @@ from .init import initial_natural
 
 __all__ = ["CVIState", "CVIInfo", "CVIAlgorithm", "cvi", "expected_log_factor", "vmp_message"]
 
+# fold_in stream of the draws of objectives whose gradients are sampling estimates
+_ESTIMATOR_STREAM = 0x51DE
+
 
 class CVIState(NamedTuple):
     """The whole state of a CVI run.
@@ -252,7 +255,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         g_lam = jax.grad(expected)(lam[i])
         return _fisher_solve(lay.fam, lam[i], g_lam)
 
-    def gh_expected_fn(fplan, i, mu_i):
+    def gh_expected_fn(fplan, i, mu_i, key=None):
         """Per-point log density with node i integrated out by Gauss-Hermite.
 
         The factor sees node i only through eta = A z + b (one scalar per
@@ -282,12 +285,12 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             rest, residual = lp.point_rest(values)
             var = jnp.reshape(jnp.maximum(var, 0.0), mean.shape) + residual
             # E[l] by Gauss-Hermite, or the objective's reward (autocvi.analysis.objectives)
-            return fplan.expected(rest, mean, var)
+            return fplan.expected(rest, mean, var, key)
 
         return per_point
 
-    def gh_expectation(fplan, i, mu_i, tensor, drawn, fixed):
-        per_point = gh_expected_fn(fplan, i, mu_i)
+    def gh_expectation(fplan, i, mu_i, tensor, drawn, fixed, key=None):
+        per_point = gh_expected_fn(fplan, i, mu_i, key)
 
         def at(s):
             sets = dict(tensor)
@@ -301,7 +304,10 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
 
     def gauss_hermite_message(fplan, i, lam, mus, key, fixed):
         tensor, drawn = point_sets(fplan, lam, mus, key, skip=i)
-        g = jax.grad(lambda mu_i: gh_expectation(fplan, i, mu_i, tensor, drawn, fixed))(mus[i])
+        # ``sub``: the draws of an objective whose gradient is a sampling estimate (folded
+        # in, so that the other draws of the step stay what they were without one)
+        sub = jax.random.fold_in(key, _ESTIMATOR_STREAM)
+        g = jax.grad(lambda mu_i: gh_expectation(fplan, i, mu_i, tensor, drawn, fixed, sub))(mus[i])
         if layouts[i].q_family == "MultivariateNormal":
             g = (g[0], 0.5 * (g[1] + jnp.swapaxes(g[1], -1, -2)))
         return g
@@ -550,7 +556,8 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             node = nodes[i]
             if i in blocks:
                 beta = schedule.block_step_size
-                lam[i], block_elbos[i] = blocks[i].update(lam[i], beta)
+                sub = jax.random.fold_in(sweep_key, _ESTIMATOR_STREAM + len(block_elbos))
+                lam[i], block_elbos[i] = blocks[i].update(lam[i], beta, sub)
                 step_sizes[i], halvings[i] = (
                     jnp.asarray(beta, jnp.result_type(float)),
                     jnp.zeros((), jnp.int32),

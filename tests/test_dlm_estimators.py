@@ -1,0 +1,133 @@
+"""The DLM paper's sampling estimators of grad log E_q[p(y | f)] (issue 16).
+
+Oracle: the exact gradient with respect to the predictor's mean and variance, the
+derivative of the adaptive Gauss-Hermite quadrature (itself tested against closed
+forms in test_objectives.py). Each estimate is drawn for many copies of one element
+at once (elements are independent), so a mean over copies is a Monte Carlo average
+with a known standard error:
+
+* uPS is unbiased (Prop. 1): the mean is the exact gradient within 4.5 standard errors;
+* bMC is biased, its bias shrinking as 1 / L (Sec. 4): the test also fails if it were
+  unbiased (the bias at small L must be many standard errors from zero).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+
+import autocvi
+from autocvi.analysis.dlm_estimators import bmc_gradient, smooth_bmc_gradient, ups_gradient
+from autocvi.analysis.objectives import log_expected_likelihood
+
+LIKELIHOODS = {
+    "logistic y=1": lambda f: jax.nn.log_sigmoid(f),
+    "probit y=0": lambda f: jax.scipy.stats.norm.logcdf(-f),
+    "poisson y=3": lambda f: dist.Poisson(jnp.exp(f)).log_prob(3.0),
+    "gaussian y=0.4": lambda f: dist.Normal(f, 0.5).log_prob(0.4),
+}
+# (mean, var) of the predictor; the first (q far from the likelihood's mass) in the default
+# run for two likelihoods, everything in the slow run (CI runs both)
+CASES = [(-1.5, 2.0), (0.5, 0.3), (2.0, 4.0)]
+UPS_CASES = [
+    pytest.param(
+        name, m, v, marks=() if (m, v) == CASES[0] and name[0] in "lp" else pytest.mark.slow
+    )
+    for name in LIKELIHOODS
+    for m, v in CASES
+]
+
+
+def exact_gradient(rest, m, v):
+    grad = jax.grad(lambda mm, vv: jnp.sum(log_expected_likelihood(rest, mm, vv)), argnums=(0, 1))
+    gm, gv = grad(jnp.array([m]), jnp.array([v]))
+    return float(gm[0]), float(gv[0])
+
+
+def copies(estimator, rest, m, v, n, key=0, **kwargs):
+    mean, var = jnp.full((n,), m), jnp.full((n,), v)
+    gm, gv = estimator(rest, mean, var, jax.random.PRNGKey(key), **kwargs)
+    return np.asarray(gm), np.asarray(gv)
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize("name, m, v", UPS_CASES)
+def test_ups_is_unbiased(name, m, v):
+    rest = LIKELIHOODS[name]
+    want = exact_gradient(rest, m, v)
+    got = copies(ups_gradient, rest, m, v, 40000, num_samples=1)
+    for estimate, exact in zip(got, want):
+        se = np.std(estimate) / np.sqrt(estimate.size)
+        assert abs(np.mean(estimate) - exact) < 4.5 * se + 1e-9, (np.mean(estimate), exact, se)
+
+
+@pytest.mark.float64
+def test_bmc_bias_shrinks_as_one_over_l():
+    rest, m, v = LIKELIHOODS["logistic y=1"], -1.5, 4.0
+    exact = exact_gradient(rest, m, v)[0]
+    bias, se = {}, {}
+    for L in (4, 8, 16, 32):
+        gm, _ = copies(bmc_gradient, rest, m, v, 100000, key=L, num_samples=L)
+        bias[L], se[L] = np.mean(gm) - exact, np.std(gm) / np.sqrt(gm.size)
+    assert abs(bias[4]) > 20 * se[4]  # biased: the test can tell
+    for L in (8, 16, 32):  # c / L: each doubling halves it
+        assert bias[L] / bias[L // 2] == pytest.approx(0.5, abs=0.12 + 4 * se[L] / abs(bias[L]))
+    # uPS from the same number of draws has no such bias
+    gm, _ = copies(ups_gradient, rest, m, v, 100000, key=1, num_samples=4)
+    assert abs(np.mean(gm) - exact) < 4.5 * np.std(gm) / np.sqrt(gm.size)
+
+
+@pytest.mark.float64
+def test_smooth_bmc_is_bmc_shrunk_by_the_mean_likelihood():
+    """smooth-bMC's factor is (1/L) sum p / ((1/L) sum p + nu): nu -> 0 gives bMC, and
+    a nu far above E[p] shrinks the steps towards zero."""
+    rest, m, v = LIKELIHOODS["poisson y=3"], -2.0, 0.5
+    plain = copies(bmc_gradient, rest, m, v, 1000, num_samples=10)
+    tiny = copies(smooth_bmc_gradient, rest, m, v, 1000, num_samples=10, smoothing=1e-30)
+    np.testing.assert_allclose(tiny, plain, rtol=1e-10)
+    big = copies(smooth_bmc_gradient, rest, m, v, 1000, num_samples=10, smoothing=10.0)
+    assert np.all(np.abs(big[0]) < 0.1 * np.abs(plain[0]))
+
+
+def probit(X, y=None):
+    with numpyro.plate("features", X.shape[1]):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+    with numpyro.plate("n", X.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(probs=jax.scipy.stats.norm.cdf(X @ w + b)), obs=y)
+
+
+@pytest.mark.parametrize("gradient", [pytest.param("bmc", marks=pytest.mark.slow), "ups"])
+def test_fit_with_sampled_gradients_lands_near_the_quadrature_optimum(gradient):
+    """The estimators drive the same natural-gradient steps: with 100 draws the fit ends
+    within a small fraction of a posterior sd of the deterministic DLM optimum (float32,
+    as users run it)."""
+    rng = np.random.RandomState(0)
+    X = rng.randn(60, 3)
+    y = (rng.rand(60) < jax.scipy.stats.norm.cdf(X @ np.array([1.0, -0.5, 0.3]) + 0.2)).astype(
+        float
+    )
+    data = {"X": X, "y": y}
+    exact = autocvi.fit(probit, data, objective=autocvi.DLM(beta=1.0), progress_bar=False)
+    sampled = autocvi.fit(
+        probit,
+        data,
+        objective=autocvi.DLM(beta=1.0, gradient=gradient, num_samples=100),
+        num_steps=200,
+        progress_bar=False,
+    )
+    assert "L = 100" in str(sampled.schedule)
+    for name in ("w", "b"):
+        q, ref = sampled.posterior[name], exact.posterior[name]
+        sd = np.sqrt(np.asarray(ref.variance))
+        assert np.max(np.abs(np.asarray(q.mean) - np.asarray(ref.mean)) / sd) < 0.1, name
+        assert np.max(np.abs(np.sqrt(np.asarray(q.variance)) / sd - 1.0)) < 0.1, name
+
+
+def test_an_unknown_estimator_is_refused_by_name():
+    with pytest.raises(ValueError, match="bmc"):
+        autocvi.DLM(gradient="reinforce")
+    with pytest.raises(ValueError, match="num_samples"):
+        autocvi.DLM(gradient="bmc", num_samples=0)
