@@ -23,6 +23,7 @@ BENCHMARKS = (
     "svgp_minibatch",
     "svgp_uci",
     "dlm",
+    "dlm_nonconjugate",
     "gaussian_mixture",
     "factor_models",
     "zoo",

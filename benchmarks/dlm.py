@@ -62,12 +62,14 @@ def load(name):
     return np.asarray(raw["X"], float), np.asarray(raw["y"], float).ravel()
 
 
-def splits(X, y):
+def splits(X, y, scale_targets=True):
+    """67/8/25 train/validation/test (seed 0), standardised by the training rows (the
+    targets only when ``scale_targets``: labels and counts keep their values)."""
     idx = np.random.RandomState(0).permutation(len(y))
     n_tr, n_va = int(0.67 * len(y)), int(0.08 * len(y))
     tr, va, te = np.split(idx, [n_tr, n_tr + n_va])
     mx, sx = X[tr].mean(0), X[tr].std(0) + 1e-12
-    my, sy = y[tr].mean(), y[tr].std()
+    my, sy = (y[tr].mean(), y[tr].std()) if scale_targets else (0.0, 1.0)
     return [((X[i] - mx) / sx, (y[i] - my) / sy) for i in (tr, va, te)]
 
 
@@ -243,18 +245,13 @@ def markdown(p):
             for r in p["datasets"]
         ),
         "",
-        "| data | objective | beta | test NLPD | test squared error | 90% coverage | "
-        "iterations | converged | seconds |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *objective_rows(
+            p,
+            lambda r: f"{r['data']} (n = {r['n_train']})",
+            {"test NLPD": "{test_nlpd:.4f}", "test squared error": "{test_se:.4f}"}
+            | {"90% coverage": "{coverage90:.3f}"},
+        ),
     ]
-    for r in p["datasets"]:
-        for label, o in r["objectives"].items():
-            beta = "—" if o["beta"] is None else f"{o['beta']:.3g}"
-            lines.append(
-                f"| {r['data']} (n = {r['n_train']}) | {label} | {beta} | {o['test_nlpd']:.4f} | "
-                f"{o['test_se']:.4f} | {o['coverage90']:.3f} | {o['iterations']} | "
-                f"{o['converged']} | {o['seconds']:.1f} |"
-            )
     lines += [
         "",
         "| data | DLM beta | Adam's final test NLPD (after its steps) | natural-gradient "
@@ -270,6 +267,21 @@ def markdown(p):
             f"{r['adam_iterations_to_target']} | {ratio} |"
         )
     return "\n".join(lines)
+
+
+def objective_rows(p, data_label, scores: dict) -> list[str]:
+    """A markdown table with one row per (data set, objective): data, objective, beta,
+    the ``scores`` (header -> format of the objective's record), iterations, converged
+    and seconds."""
+    head = ["data", "objective", "beta", *scores, "iterations", "converged", "seconds"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in p["datasets"]:
+        for label, o in r["objectives"].items():
+            beta = "—" if o["beta"] is None else f"{o['beta']:.3g}"
+            cells = [data_label(r), label, beta, *(f.format(**o) for f in scores.values())]
+            cells += [str(o["iterations"]), str(o["converged"]), f"{o['seconds']:.1f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot(plt, p):

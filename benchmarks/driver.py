@@ -660,7 +660,7 @@ def publish(name, settings, markdown, plot, **results) -> dict:
     the markdown and return the payload."""
     payload = {"benchmark": name, "settings": settings, "environment": environment(), **results}
     md = markdown(payload)
-    write(name, payload, md, lambda plt: plot(plt, payload))
+    write(name, payload, md, None if plot is None else (lambda plt: plot(plt, payload)))
     print(md)
     return payload
 

@@ -131,3 +131,24 @@ def test_an_unknown_estimator_is_refused_by_name():
         autocvi.DLM(gradient="reinforce")
     with pytest.raises(ValueError, match="num_samples"):
         autocvi.DLM(gradient="bmc", num_samples=0)
+
+
+def test_refused_sampled_steps_make_the_fit_untrustworthy():
+    """A run whose sampled-gradient steps the line search refused in half or more of the
+    last window stopped short of its optimum (the estimates were not ascent directions:
+    bMC with 10 draws on overdispersed counts ended 0.3 nats of test NLL from the
+    quadrature fit and reported converged before this check). The same record on a node
+    whose gradients are exact is a tie at its optimum and is not flagged."""
+    from types import SimpleNamespace
+
+    from autocvi.infer.convergence import WINDOW, diagnose
+
+    sizes = np.array([1.0, 0.5] + [0.0, 1.0] * (WINDOW // 2))
+    steps = SimpleNamespace(step_sizes={"u": sizes}, halvings={"u": np.zeros_like(sizes)})
+    elbo = np.linspace(-10.0, -5.0, sizes.size)
+    start, end = {"u": (np.zeros(2),)}, {"u": (np.ones(2),)}
+    block = {"u": None}  # a Gaussian block's sites (no layout checks)
+    flagged = diagnose(elbo, start, end, {}, block, True, steps=steps, sampled=("u",))
+    assert flagged.unhelpful == ["u"] and not flagged.trustworthy
+    exact = diagnose(elbo, start, end, {}, block, True, steps=steps)
+    assert exact.unhelpful == [] and exact.trustworthy

@@ -151,6 +151,10 @@ class Objective:
     def is_elbo(self) -> bool:
         return False
 
+    #: Whether messages' gradients are sampling estimates (not ascent directions
+    #: for sure: the line search may refuse them, and the run's diagnostics count that).
+    sampled_gradients = False
+
     def describe(self) -> str:
         raise NotImplementedError
 
@@ -250,6 +254,10 @@ class DLM(Objective):
             )
 
     expectation_of_log_density = False
+
+    @property
+    def sampled_gradients(self) -> bool:
+        return self.gradient != "quadrature"
 
     def expected(self, rest: Callable, mean, var, key=None):
         value = DLM_LOSSES[self.loss](self, rest, mean, var)

@@ -192,7 +192,7 @@ class GaussianBlock:
 
         Safeguard: the step is halved (up to 12 times) while it would lower the
         ELBO or make it non-finite, and dropped if no halving helps. Returns
-        the new sites and the block's ELBO term at them. A full
+        the new sites, the block's ELBO term at them and the step taken (0: refused). A full
         CVI step is a Newton step on each predictor, which from far away
         overshoots for exp-like likelihoods (a Poisson rate exp(eta) with counts
         in the thousands); the safeguard makes every step an ascent step.
@@ -246,8 +246,8 @@ class GaussianBlock:
             lambda c: (c[1] < 12) & bad(c[2]), halve, (b0, 0, self.elbo(mix(b0)))
         )
         accept = ~bad(value)
-        new = mix(jnp.where(accept, b, 0.0))
-        return new, jnp.where(accept, value, old_elbo)
+        step = jnp.where(accept, b, 0.0)
+        return mix(step), jnp.where(accept, value, old_elbo), step
 
     def elbo(self, sites):
         """E_q[log likelihood] - KL(q || prior) (the prior is the site's own density)."""

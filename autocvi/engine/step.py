@@ -557,9 +557,14 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             if i in blocks:
                 beta = schedule.block_step_size
                 sub = jax.random.fold_in(sweep_key, _ESTIMATOR_STREAM + len(block_elbos))
-                lam[i], block_elbos[i] = blocks[i].update(lam[i], beta, sub)
+                lam[i], block_elbos[i], taken = blocks[i].update(lam[i], beta, sub)
+                # The step taken is recorded where the gradients are sampled (a refused
+                # sampled step is not an ascent direction: the run's diagnostics say so);
+                # a deterministic block's refusals happen at its optimum (ties in rounding).
                 step_sizes[i], halvings[i] = (
-                    jnp.asarray(beta, jnp.result_type(float)),
+                    taken
+                    if schedule.objective.sampled_gradients
+                    else jnp.asarray(beta, jnp.result_type(float)),
                     jnp.zeros((), jnp.int32),
                 )
                 continue

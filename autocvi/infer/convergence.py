@@ -116,6 +116,8 @@ class Diagnostics:
         stuck: nodes whose every step of the last ``WINDOW`` iterations was
             refused: their ELBO stopped changing because nothing moved, which
             the stopping rule cannot tell from convergence.
+        unhelpful: nodes with sampled gradients (DLM's bMC, uPS) whose steps the line
+            search refused in most of the last ``WINDOW`` iterations.
         hazards: the planner's warnings about approximations that can leave the
             fit far from the optimum (``Schedule.hazards``).
     """
@@ -131,6 +133,7 @@ class Diagnostics:
     halvings: dict = field(default_factory=dict)
     refused: dict = field(default_factory=dict)
     stuck: list = field(default_factory=list)
+    unhelpful: list = field(default_factory=list)
     hazards: list = field(default_factory=list)
 
     @property
@@ -141,6 +144,7 @@ class Diagnostics:
             or self.collapsed
             or self.frozen
             or self.stuck
+            or self.unhelpful
             or self.hazards
             or self.noisy is not None
             or len(self.elbo_decreases) > 0
@@ -157,11 +161,13 @@ def diagnose(
     subsampled: bool = False,
     steps=None,
     hazards=(),
+    sampled=(),
 ) -> Diagnostics:
     """Check a finished run; see :class:`Diagnostics` for what is checked.
 
     ``steps``: the loop's per-node record (``autocvi.infer.fit.StepLog``), if any;
-    ``hazards``: the schedule's (reported as they are, and untrustworthy).
+    ``hazards``: the schedule's (reported as they are, and untrustworthy);
+    ``sampled``: nodes whose messages' gradients are sampling estimates (DLM's bMC, uPS).
     """
     d = Diagnostics(hazards=list(hazards))
     if steps is not None:
@@ -173,6 +179,8 @@ def diagnose(
                     d.refused[name] = int(np.sum(sizes == 0))
                 if np.all(sizes[-WINDOW:] == 0):
                     d.stuck.append(name)
+                elif name in sampled and np.mean(sizes[-WINDOW:] == 0) >= 0.5:
+                    d.unhelpful.append(name)
     elbo = np.asarray(elbo, dtype=float)
     d.non_finite_elbo = [int(i) for i in np.flatnonzero(~np.isfinite(elbo))]
     if deterministic and elbo.size > 1:
@@ -231,6 +239,7 @@ def diagnose_schedule(schedule, elbo, initial_natural, natural, deterministic, s
         subsampled,
         steps,
         schedule.hazards,
+        tuple(schedule.nodes) if schedule.objective.sampled_gradients else (),
     )
 
 
@@ -278,6 +287,13 @@ def report(d: Diagnostics, num_steps: int) -> None:
             "init_strategy=numpyro.infer.init_to_value(values={...}) near where the data put "
             "the latents, or no init_strategy (autocvi then tries three starts), or pass a "
             "larger num_samples."
+        )
+    for name in d.unhelpful:
+        d.messages.append(
+            f"node {name!r}: the line search refused most of its sampled-gradient steps in the "
+            f"last {WINDOW} iterations: the estimates (bMC, uPS) are not ascent directions of "
+            "the objective here, so q stopped short of its optimum. Pass a larger num_samples, "
+            "or gradient='quadrature' (exact for these one-dimensional predictors)."
         )
     for hazard in d.hazards:
         d.messages.append(f"the result may be far from the optimum: {hazard}")
