@@ -133,7 +133,7 @@ def test_wide_logistic_regression_keeps_no_d_by_d_matrix():
     # The posterior is a correct fixed point: the ELBO's gradient w.r.t. the
     # sites' mean parameters vanishes, i.e. another full step changes nothing.
     sites = result.state.natural["w"]
-    again, _ = block.update(sites, 1.0)
+    again, _, _ = block.update(sites, 1.0)
     for f in sites:
         np.testing.assert_allclose(again[f][0], sites[f][0], atol=1e-6)
         np.testing.assert_allclose(again[f][1], sites[f][1], atol=1e-6)
