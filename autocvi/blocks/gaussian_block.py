@@ -202,22 +202,23 @@ class GaussianBlock:
         """
         marginals, _ = self.solve(sites)
         lam1_old, lam2_old = self._stacked(sites)
-        old_elbo = self.expected_log_likelihood(marginals) - gs.kl_from_sites(
-            marginals, lam1_old, lam2_old
-        )
         means, variances = self._split(marginals.mean), self._split(marginals.var)
-        target = {}
+        # The expected log likelihood and its gradients in one pass over the nodes (the
+        # value is the old ELBO's first term: a separate evaluation cost a fifth of a step).
+        expected, target = 0.0, {}
         for k, t in enumerate(self.terms):
             m, v = means[t.factor], variances[t.factor]
             tkey = None if key is None else jax.random.fold_in(key, k)
-            gm, gv = jax.grad(
+            value, (gm, gv) = jax.value_and_grad(
                 lambda mm, vv, t=t, tkey=tkey: _gh_expectation(t, mm, vv, tkey), argnums=(0, 1)
             )(m, v)
+            expected = expected + value
             lam2 = gv if self.signed_sites else jnp.minimum(gv, 0.0)
             lam1 = gm - 2.0 * lam2 * m
             old1, old2 = sites[t.factor]
             ok = jnp.isfinite(lam1) & jnp.isfinite(lam2)
             target[t.factor] = (jnp.where(ok, lam1, old1), jnp.where(ok, lam2, old2))
+        old_elbo = expected - gs.kl_from_sites(marginals, lam1_old, lam2_old)
 
         def mix(b):
             return {

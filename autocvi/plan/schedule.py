@@ -366,13 +366,13 @@ def plan(
     # a block factorises its prior and sites itself (robust to this conditioning), and
     # normalises its prior as a Gaussian over the node's coordinates, which already
     # counts the affine map's log-determinant.
+    # The schedule comes first: the curvature check (a compiled Hessian per group) is
+    # only paid for groups that did not become blocks.
     kwargs = {"num_samples": num_samples, "step_size": step_size, **options}
-    candidates = precondition_groups(model, data, groups, start) if precondition else groups
     schedule = _joint_schedule(model, data, groups, start, integrations, init_strategy, kwargs)
-    chosen = [
-        c if c.affine is not None and c.name not in schedule.blocks else g
-        for g, c in zip(groups, candidates)
-    ]
+    free = [g for g in groups if g.name not in schedule.blocks] if precondition else []
+    conditioned = {g.name: g for g in precondition_groups(model, data, free, start)}
+    chosen = [conditioned.get(g.name, g) for g in groups]
     if any(g.affine is not None for g in chosen):
         moved = dict(start)
         for g in chosen:
