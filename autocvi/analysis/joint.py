@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 from numpyro import handlers
-from numpyro.distributions import MultivariateNormal, Normal, TransformedDistribution, constraints
+from numpyro.distributions import MultivariateNormal, Normal, constraints
 from numpyro.distributions.transforms import biject_to
 from numpyro.infer.util import log_density
 
@@ -52,6 +52,7 @@ from ..jaxpr import structural_jit
 from ..model.coordinates import MEMBER_FLAG, JointCoordinates
 from ..model.graph import FactorGraph
 from ..model.trace import prior_candidates
+from .constrained import Constrained
 from .layout import LatentLayout, Reshaped
 from .precondition import (
     MAX_PRECONDITIONED_DIM,
@@ -436,5 +437,5 @@ def member_posteriors(group: JointGroup, q_vector) -> dict:
             base = MultivariateNormal(loc[sl], scale_tril=tril[m.name])
         if m.unconstrained_shape and tuple(m.unconstrained_shape) != (m.size,):
             base = Reshaped(base, m.unconstrained_shape)
-        out[m.name] = base if m.transform is None else TransformedDistribution(base, m.transform)
+        out[m.name] = base if m.transform is None else Constrained(base, m.transform)
     return out

@@ -29,6 +29,7 @@ from numpyro.distributions.transforms import ReshapeTransform, biject_to
 from .. import families
 from ..model.coordinates import JointCoordinates
 from ..model.trace import ModelError
+from .constrained import Constrained
 
 __all__ = ["LatentLayout", "GAUSSIAN_PRIORS", "Reshaped", "make_layout", "site_posterior"]
 
@@ -283,5 +284,5 @@ def site_posterior(lay: LatentLayout, lam):
         if len(inner) != 1:
             base = Reshaped(base, inner)
     if lay.transform is not None:
-        return TransformedDistribution(base, lay.transform)
+        return Constrained(base, lay.transform)
     return base

@@ -336,6 +336,7 @@ class BlockPosterior(Distribution):
     arg_constraints = {}
     support = constraints.real_vector
     reparametrized_params = []
+    gaussian_marginals = True  # autocvi.analysis.constrained.normal_chain
 
     def __init__(self, block: GaussianBlock, sites, mean=None, var=None):
         if mean is None or var is None:

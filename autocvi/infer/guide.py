@@ -38,23 +38,18 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from jax.scipy.special import ndtri
-from numpyro.distributions import transforms as T
 
+from ..analysis.constrained import Constrained, chain_moments, normal_chain, transform_sign
 from ..analysis.layout import site_posterior
-from ..blocks.gaussian_block import BlockPosterior
 
 __all__ = ["CVIGuide", "marginal_quantiles", "marginal_moments", "NUM_DRAWS"]
 
 # Draws of the Monte Carlo fallback, and its key (results are reproducible).
 NUM_DRAWS = 4000
 _DRAW_KEY = 0
-# Gauss-Hermite nodes for the moments of a transformed Gaussian.
-_GH_NODES, _GH_WEIGHTS = np.polynomial.hermite_e.hermegauss(64)
-_GH_WEIGHTS = _GH_WEIGHTS / np.sqrt(2.0 * np.pi)
 
 
 class CVIGuide:
@@ -180,13 +175,13 @@ def marginal_quantiles(q, probs, *, num_draws: int = NUM_DRAWS):
     """
     probs = jnp.asarray(probs, dtype=jnp.result_type(float))
     value_shape = tuple(q.batch_shape) + tuple(q.event_shape)
-    chain = _normal_chain(q)
+    chain = normal_chain(q)
     if chain is not None:
         loc, scale, transforms = chain
         p = jnp.reshape(probs, (-1,) + (1,) * jnp.ndim(loc))
         lo, hi = loc + scale * ndtri(p), loc + scale * ndtri(1.0 - p)
         for t in transforms:
-            sign = _sign(t)
+            sign = transform_sign(t)
             tlo, thi = t(lo), t(hi)
             lo = jnp.where(sign > 0, tlo, thi)
             hi = jnp.where(sign > 0, thi, tlo)
@@ -206,26 +201,19 @@ def marginal_quantiles(q, probs, *, num_draws: int = NUM_DRAWS):
 def marginal_moments(q, *, num_draws: int = NUM_DRAWS):
     """``(mean, std, how)`` of every element of ``q``; ``how`` is ``"exact"``,
     ``"quadrature"`` or ``"monte carlo"``."""
-    try:
-        mean, var = q.mean, q.variance
-        value_shape = tuple(q.batch_shape) + tuple(q.event_shape)
-        if bool(jnp.all(jnp.isfinite(mean))) and bool(jnp.all(jnp.isfinite(var))):
-            mean = jnp.broadcast_to(mean, value_shape)
-            var = jnp.broadcast_to(var, value_shape)
-            return mean, jnp.sqrt(var), "exact"
-    except Exception:  # noqa: BLE001 - e.g. TransformedDistribution has no mean
-        pass
-    chain = _normal_chain(q)
+    if not isinstance(q, Constrained):  # a Constrained q's moments are quadrature's
+        try:
+            mean, var = q.mean, q.variance
+            value_shape = tuple(q.batch_shape) + tuple(q.event_shape)
+            if bool(jnp.all(jnp.isfinite(mean))) and bool(jnp.all(jnp.isfinite(var))):
+                mean = jnp.broadcast_to(mean, value_shape)
+                var = jnp.broadcast_to(var, value_shape)
+                return mean, jnp.sqrt(var), "exact"
+        except Exception:  # noqa: BLE001 - e.g. TransformedDistribution has no mean
+            pass
+    chain = normal_chain(q)
     if chain is not None:
-        loc, scale, transforms = chain
-        z = jnp.reshape(jnp.asarray(_GH_NODES, loc.dtype), (-1,) + (1,) * jnp.ndim(loc))
-        w = jnp.reshape(jnp.asarray(_GH_WEIGHTS, loc.dtype), z.shape)
-        x = loc + scale * z
-        for t in transforms:
-            x = t(x)
-        w = jnp.reshape(w, (-1,) + (1,) * (x.ndim - 1))
-        mean = jnp.sum(w * x, axis=0)
-        var = jnp.maximum(jnp.sum(w * (x - mean) ** 2, axis=0), 0.0)
+        mean, var = chain_moments(*chain)
         return mean, jnp.sqrt(var), "quadrature"
     draws = _draws(q, num_draws)
     return jnp.mean(draws, axis=0), jnp.std(draws, axis=0), "monte carlo"
@@ -234,71 +222,3 @@ def marginal_moments(q, *, num_draws: int = NUM_DRAWS):
 def _draws(q, num_draws):
     draws = q.sample(jax.random.PRNGKey(_DRAW_KEY), (num_draws,))
     return jnp.asarray(draws, dtype=jnp.result_type(float))
-
-
-def _normal_chain(q):
-    """``(loc, scale, transforms)`` with each element of q distributed as
-    ``transforms(loc + scale * z)``, z standard normal, every transform
-    elementwise monotone (or a reshape); None when q is not of that form."""
-    if isinstance(q, (dist.Independent, dist.MaskedDistribution)):
-        return _normal_chain(q.base_dist)
-    if isinstance(q, dist.ExpandedDistribution):
-        inner = _normal_chain(q.base_dist)
-        if inner is None or inner[2]:
-            return None
-        shape = tuple(q.batch_shape) + tuple(q.event_shape)
-        return jnp.broadcast_to(inner[0], shape), jnp.broadcast_to(inner[1], shape), []
-    if isinstance(q, dist.Normal):
-        shape = tuple(q.batch_shape)
-        return jnp.broadcast_to(q.loc, shape), jnp.broadcast_to(q.scale, shape), []
-    if isinstance(q, (dist.MultivariateNormal, BlockPosterior)):
-        return q.mean, jnp.sqrt(q.variance), []
-    if isinstance(q, dist.TransformedDistribution):
-        inner = _normal_chain(q.base_dist)
-        if inner is None:
-            return None
-        transforms = _flatten(q.transforms)
-        if any(_sign(t) is None for t in transforms):
-            return None
-        return inner[0], inner[1], list(inner[2]) + transforms
-    return None
-
-
-def _flatten(transforms):
-    out = []
-    for t in transforms:
-        if isinstance(t, T.ComposeTransform):
-            out.extend(_flatten(t.parts))
-        else:
-            out.append(t)
-    return out
-
-
-def _sign(t):
-    """+1 / -1 (elementwise array) for an increasing / decreasing elementwise
-    transform or a reshape; None for anything else."""
-    if isinstance(
-        t, (T.IdentityTransform, T.ExpTransform, T.SigmoidTransform, T.SoftplusTransform)
-    ):
-        return 1.0
-    if isinstance(t, T.ReshapeTransform):
-        return 1.0
-    if isinstance(t, T.AffineTransform):
-        sign = jnp.sign(t.scale)
-        return None if bool(jnp.any(sign == 0)) else sign
-    if isinstance(t, T.PowerTransform):
-        sign = jnp.sign(t.exponent)
-        return None if bool(jnp.any(sign == 0)) else sign
-    if isinstance(t, T.IndependentTransform):
-        return _sign(t.base_transform)
-    if isinstance(t, T.ComposeTransform):
-        signs = [_sign(p) for p in t.parts]
-        if any(s is None for s in signs):
-            return None
-        out = 1.0
-        for s in signs:
-            out = out * s
-        return out
-    if type(t).__name__ == "_InverseTransform":
-        return _sign(t.inv)
-    return None
