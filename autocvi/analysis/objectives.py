@@ -10,7 +10,9 @@ f_n ~ N(m_n, v_n) under q,
 
 * ELBO (beta = 1) and beta-ELBO: ``loss_n = -E_q[log p(y_n | f_n)]``;
 * log-loss DLM: ``loss_n = -log E_q[p(y_n | f_n)] = -log q(y_n)``, the log loss of
-  the predictive distribution the user will be scored with.
+  the predictive distribution the user will be scored with;
+* square-loss DLM: ``loss_n = (y_hat_n - y_n)^2 / 2``, the square error of the
+  predictive mean (Gaussian likelihoods).
 
 autocvi maximises the equivalent ``sum_n r_n(q) / beta - KL(q || p)`` with the reward
 ``r_n = -loss_n``: the same optimum, and the form CVI's natural-gradient step takes
@@ -151,6 +153,9 @@ class Objective:
     def is_elbo(self) -> bool:
         return False
 
+    #: Whether the reward reads the predictor's mean only (not its variance).
+    reward_reads_mean_only = False
+
     #: Whether messages' gradients are sampling estimates (not ascent directions
     #: for sure: the line search may refuse them, and the run's diagnostics count that).
     sampled_gradients = False
@@ -193,8 +198,42 @@ def _log_loss_reward(objective, rest, mean, var):
     return log_expected_likelihood(rest, mean, var) / objective.beta
 
 
+def square_loss_reward(objective, rest, mean, var):
+    """``-(y_hat_n - y_n)^2 / (2 beta)``: the square loss of the predictive mean
+    ``y_hat_n`` of a Gaussian likelihood ``N(y_n | mu_n, s_n^2)`` whose mean ``mu_n`` is
+    affine in the predictor (DLM paper, Sec. 3, "square loss DLM": ``1/2 sum_n
+    (y_hat_n - y_n)^2 + beta KL``); ``y_hat_n = mu_n(m_n)``.
+
+    The predictor the analysis reads may be any affine function of ``mu_n`` (the
+    standardised ``(mu_n - y_n) / s_n``, say), so the residual is read from the log
+    likelihood ``l`` itself, in the units of y: ``l`` is quadratic, its maximum is
+    ``l_max = l(m) - l'(m)^2 / (2 l''(m)) = -log s - log(2 pi) / 2`` (the Normal's
+    normalising constant, so ``s^2 = exp(-2 l_max) / (2 pi)``) and
+    ``(y_hat - y)^2 = -2 s^2 (l(m) - l_max) = s^2 l'(m)^2 / -l''(m)``. Derivatives by
+    autodiff (no cancellation for any s). Elements whose ``l`` has no curvature
+    (masked observations) contribute 0. The reward does not read ``var``: the optimal
+    q keeps the prior's covariance, and its mean is the posterior mean under Gaussian
+    noise of variance ``beta`` (in y's units).
+    """
+    del var
+
+    def slope(f):
+        return jax.grad(lambda e: jnp.sum(rest(e)))(f)
+
+    d1, d2 = jax.jvp(slope, (mean,), (jnp.ones_like(mean),))
+    curved = d2 < 0
+    safe = jnp.where(curved, d2, -1.0)
+    excess = 0.5 * d1**2 / -safe  # l_max - l(m) >= 0
+    log_s2 = -2.0 * (rest(mean) + excess) - jnp.log(2.0 * jnp.pi)
+    return jnp.where(curved, -jnp.exp(log_s2) * excess / objective.beta, 0.0)
+
+
 # The DLM losses autocvi computes: name -> reward per element (the negative loss).
-DLM_LOSSES: dict[str, Callable] = {"log": _log_loss_reward}
+DLM_LOSSES: dict[str, Callable] = {"log": _log_loss_reward, "square": square_loss_reward}
+# Losses whose reward reads the predictor's mean only: their CVI sites carry no
+# precision, so a Gaussian block steps them by Newton on the mean (GaussianBlock.update),
+# and only Gaussian likelihoods (a quadratic l) are accepted.
+MEAN_ONLY_LOSSES = frozenset({"square"})
 
 # How the log-loss reward's gradient is obtained: None is by differentiating the
 # adaptive Gauss-Hermite value; the others are the paper's sampling estimators
@@ -227,7 +266,11 @@ class DLM(Objective):
     (:mod:`autocvi.analysis.dlm_estimators`). The objective's value (the line
     search's and the reported one) is the quadrature's with every choice.
 
-    The square loss (the paper's ``(y_hat_n - y_n)^2``) is not built yet.
+    ``loss="square"``: ``loss_n = (y_hat_n - y_n)^2 / 2`` with ``y_hat_n`` the predictive
+    mean (:func:`square_loss_reward`; DLM paper, Sec. 3), for Gaussian likelihoods whose
+    latents form a Gaussian block. Its optimum has a closed form (the prior's
+    covariance; the posterior mean under noise variance beta), which the block's
+    Newton step on the mean reaches in one iteration.
     """
 
     loss: str = "log"
@@ -239,8 +282,12 @@ class DLM(Objective):
         super().__post_init__()
         if self.loss not in DLM_LOSSES:
             raise ValueError(
-                f"DLM(loss={self.loss!r}) is not available; losses: {sorted(DLM_LOSSES)} "
-                "(the square loss is not built yet)"
+                f"DLM(loss={self.loss!r}) is not available; losses: {sorted(DLM_LOSSES)}"
+            )
+        if self.loss in MEAN_ONLY_LOSSES and self.gradient != "quadrature":
+            raise ValueError(
+                f"DLM(loss={self.loss!r}) has a closed-form gradient; the sampling "
+                f"estimators (gradient={self.gradient!r}) are for the log loss"
             )
         if self.gradient not in DLM_GRADIENTS:
             raise ValueError(
@@ -254,6 +301,10 @@ class DLM(Objective):
             )
 
     expectation_of_log_density = False
+
+    @property
+    def reward_reads_mean_only(self) -> bool:
+        return self.loss in MEAN_ONLY_LOSSES
 
     @property
     def sampled_gradients(self) -> bool:

@@ -70,6 +70,9 @@ class _Term:
     residual: Any = field(default=0.0, repr=False)
     # (rest, mean, var) -> reward per element: E[l] or the objective's (FactorPlan.expected)
     expected: Callable = field(default=expected_log_likelihood, repr=False)
+    # The reward reads the predictor's mean only (square-loss DLM): GaussianBlock.update
+    # steps its sites by Newton on the mean.
+    mean_only: bool = False
 
     @property
     def size(self) -> int:
@@ -219,6 +222,8 @@ class GaussianBlock:
             ok = jnp.isfinite(lam1) & jnp.isfinite(lam2)
             target[t.factor] = (jnp.where(ok, lam1, old1), jnp.where(ok, lam2, old2))
         old_elbo = expected - gs.kl_from_sites(marginals, lam1_old, lam2_old)
+        if any(t.mean_only for t in self.terms):
+            target = self._mean_newton_targets(target, means, variances)
 
         def mix(b):
             return {
@@ -249,6 +254,37 @@ class GaussianBlock:
         accept = ~bad(value)
         step = jnp.where(accept, b, 0.0)
         return mix(step), jnp.where(accept, value, old_elbo), step
+
+    def _mean_newton_targets(self, target, means, variances):
+        """Targets of the terms whose reward reads the predictor's mean only (square-loss
+        DLM). Their CVI sites carry no precision (the reward's gradient w.r.t. ``v`` is
+        0), so CVI's step alone is a Richardson iteration on the mean that crawls when
+        the prior is wide against beta. Instead: one Newton step on the means, with
+        pseudo-sites ``(g - c m, c / 2)`` from each element's gradient ``g`` and curvature
+        ``c`` (exact for the square loss: the posterior mean under noise variance beta),
+        then the sites at the new means ``m*``: ``(g(m*), 0)``, whose q has that mean and
+        the prior's covariance (DLM paper, Sec. 3: the optimum depends on m only). The
+        line search then moves the sites towards these targets as for any other term.
+        """
+        pseudo, newton = dict(target), [t for t in self.terms if t.mean_only]
+
+        def slope(t, v):
+            return jax.grad(lambda mm: _gh_expectation(t, mm, v))
+
+        for t in newton:
+            m, v = means[t.factor], variances[t.factor]
+            g, c = jax.jvp(slope(t, v), (m,), (jnp.ones_like(m),))
+            c = jnp.minimum(c, 0.0)
+            ok = jnp.isfinite(g) & jnp.isfinite(c)
+            pseudo[t.factor] = (jnp.where(ok, g - c * m, 0.0), jnp.where(ok, 0.5 * c, 0.0))
+        moved = self._split(self.solve(pseudo)[0].mean)
+        out = dict(target)
+        for t in newton:
+            g = slope(t, variances[t.factor])(moved[t.factor])
+            old1, old2 = target[t.factor]
+            ok = jnp.isfinite(g)
+            out[t.factor] = (jnp.where(ok, g, old1), jnp.where(ok, jnp.zeros_like(g), old2))
+        return out
 
     def elbo(self, sites):
         """E_q[log likelihood] - KL(q || prior) (the prior is the site's own density)."""
@@ -557,6 +593,7 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
                 b=b,
                 residual=residual,
                 expected=factors[fname].expected,
+                mean_only=factors[fname].reward_reads_mean_only,
             )
         )
 

@@ -74,6 +74,8 @@ class FactorPlan:
     # ``E[rest]`` (the ELBO's term), or the objective's (autocvi.analysis.objectives)
     # for a likelihood factor.
     expected: Callable = field(default=expected_log_likelihood, repr=False)
+    # Whether ``expected`` reads the predictor's mean only (square-loss DLM).
+    reward_reads_mean_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -504,6 +506,7 @@ def build_schedule(
             subsampled=tuple(p for p in fac.plates if p.subsampled),
             linear_predictors=predictors,
             expected=objective.expected if dlm else expected_log_likelihood,
+            reward_reads_mean_only=dlm and objective.reward_reads_mean_only,
         )
     # Jacobians of unconstrained nodes are factors of their own (non-conjugate).
     for name, lay in layouts.items():
@@ -587,6 +590,16 @@ def build_schedule(
                     for f, k in node.incoming
                 )
                 nodes[name] = NodePlan(node.name, node.layout, incoming, node.subsample_axes)
+    # A mean-only reward's sites carry no precision: only a block's Newton step on the
+    # mean solves it (a dense node's CVI step would crawl); refuse the others by name.
+    for fname, fplan in factors.items():
+        if fplan.reward_reads_mean_only and not set(fplan.latents) <= set(blocks):
+            raise NotImplementedError(
+                f"{objective.describe()}: the likelihood {fname!r} reads "
+                f"{', '.join(repr(n) for n in fplan.latents)}, which is not a Gaussian block "
+                "(a Gaussian latent whose factors touch it alone), and only a block solves "
+                "the square loss; use DLM(loss='log') or autocvi.BetaELBO(beta) here."
+            )
     # Predictors too large for the dense Gauss-Hermite message: Monte Carlo instead.
     for fname, latent in oversize:
         if latent not in blocks:
@@ -663,6 +676,13 @@ def _check_dlm(fac, objective, layouts: dict, predictors: dict):
     gaussian = [n for n in fac.latents if layouts[n].q_family in ("Normal", "MultivariateNormal")]
     other = [n for n in fac.latents if n not in gaussian]
     subsampled = [p.name for p in fac.plates if p.subsampled]
+    if objective.reward_reads_mean_only and fac.distribution != "Normal":
+        raise NotImplementedError(
+            f"{objective.describe()}: the likelihood {fac.name!r} is {fac.distribution}; the "
+            "square loss of the predictive mean is built for Normal likelihoods (the DLM "
+            "paper's regression case), whose mean is the predictor itself. Use "
+            "DLM(loss='log') for this likelihood."
+        )
     if len(fac.latents) == 1 and fac.latents[0] in predictors and not subsampled:
         return
     if subsampled:
@@ -687,8 +707,9 @@ def _check_dlm(fac, objective, layouts: dict, predictors: dict):
         )
     raise NotImplementedError(
         f"{objective.describe()}: the likelihood {fac.name!r} ({fac.distribution}) cannot "
-        f"be handled: {why}. DLM integrates log E_q[p(y_n | f_n)] over a one-dimensional "
-        "Gaussian predictor f_n; use autocvi.ELBO() or autocvi.BetaELBO(beta) for this model."
+        f"be handled: {why}. DLM integrates its loss (log E_q[p(y_n | f_n)], or the square "
+        "error of its mean) over a one-dimensional Gaussian predictor f_n; use autocvi.ELBO() "
+        "or autocvi.BetaELBO(beta) for this model."
     )
 
 
