@@ -108,9 +108,9 @@ The same protocol on Pima diabetes (765 points, 8 inputs), Bernoulli likelihood.
 
 dlm: Direct loss minimisation for sparse GP regression (DLM paper Sec. 5)
 Four regression sets, 67/8/25 splits, an SVGP with m = 50 whose kernel, noise and inducing
-inputs are learned once by EM on the ELBO and then held; the ELBO, the beta-ELBO and log-loss
-DLM (`autocvi.DLM`) with beta chosen on the validation split; test NLPD, squared error and 90%
-coverage. At DLM's beta, autocvi's natural-gradient steps against the paper's Adam training, by
+inputs are learned once by EM on the ELBO and then held; the ELBO, the beta-ELBO, log-loss
+DLM (`autocvi.DLM`) with beta chosen on the validation split, and square-loss DLM with beta
+chosen by the validation squared error; test NLPD, squared error and 90% coverage. At DLM's beta, autocvi's natural-gradient steps against the paper's Adam training, by
 iterations to Adam's final test NLPD.
 
 dlm_nonconjugate: Direct loss minimisation for sparse GP classification and counts (DLM paper Sec. 6)
