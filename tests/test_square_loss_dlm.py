@@ -105,3 +105,21 @@ def test_refusals_name_the_site_and_the_fix():
         autocvi.plan(regression, {"X": X, "y": y}, objective=square, structure="mean-field")
     with pytest.raises(ValueError, match="closed-form gradient"):
         autocvi.DLM(beta=1.0, loss="square", gradient="bmc")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [autocvi.BetaELBO, autocvi.DLM, lambda b: autocvi.DLM(b, loss="square")],
+    ids=["beta-elbo", "dlm-log", "dlm-square"],
+)
+def test_another_beta_compiles_nothing(make):
+    """beta is an input of the compiled programs, not a literal in them: a grid of betas
+    (choose_beta) compiles once. Completeness: the fits differ, so beta did reach them."""
+    from autocvi.jaxpr import program_cache_info
+
+    X, y = regression_data(n=40)
+    first = autocvi.fit(regression, {"X": X, "y": y}, objective=make(0.5))
+    misses = program_cache_info()["misses"]
+    second = autocvi.fit(regression, {"X": X, "y": y}, objective=make(2.0))
+    assert program_cache_info()["misses"] == misses
+    assert abs(float(first.posterior["b"].mean) - float(second.posterior["b"].mean)) > 1e-3

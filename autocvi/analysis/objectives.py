@@ -130,11 +130,17 @@ class Objective:
     def __post_init__(self):
         if not (np.isfinite(self.beta) and self.beta > 0):
             raise ValueError(f"{type(self).__name__}: beta must be positive, got {self.beta!r}")
+        # beta as an array the compiled step closes over: autocvi.jaxpr.structural_jit
+        # lifts it out as an input, so a fit at another beta reuses the compiled program
+        # (a Python float would be a literal of the program, and every beta of a grid
+        # would compile its own).
+        object.__setattr__(self, "beta_input", jnp.asarray(float(self.beta)))
 
-    #: Multiplies every likelihood factor's log density before messages are computed.
+    #: Multiplies every likelihood factor's log density before messages are computed
+    #: (None: left as it is).
     @property
-    def likelihood_scale(self) -> float:
-        return 1.0
+    def likelihood_scale(self) -> float | None:
+        return None
 
     #: Whether a likelihood's exact conjugate messages stay valid (the reward is an
     #: expectation of the log density, affine in q's statistics).
@@ -195,7 +201,7 @@ class BetaELBO(Objective):
 
 
 def _log_loss_reward(objective, rest, mean, var):
-    return log_expected_likelihood(rest, mean, var) / objective.beta
+    return log_expected_likelihood(rest, mean, var) / objective.beta_input
 
 
 def square_loss_reward(objective, rest, mean, var):
@@ -225,7 +231,7 @@ def square_loss_reward(objective, rest, mean, var):
     safe = jnp.where(curved, d2, -1.0)
     excess = 0.5 * d1**2 / -safe  # l_max - l(m) >= 0
     log_s2 = -2.0 * (rest(mean) + excess) - jnp.log(2.0 * jnp.pi)
-    return jnp.where(curved, -jnp.exp(log_s2) * excess / objective.beta, 0.0)
+    return jnp.where(curved, -jnp.exp(log_s2) * excess / objective.beta_input, 0.0)
 
 
 # The DLM losses autocvi computes: name -> reward per element (the negative loss).
@@ -320,7 +326,7 @@ class DLM(Objective):
         stop = jax.lax.stop_gradient
         gm, gv = estimator(rest, stop(mean), stop(var), key, self)
         gm, gv = stop(gm), stop(gv)
-        return stop(value) + (gm * (mean - stop(mean)) + gv * (var - stop(var))) / self.beta
+        return stop(value) + (gm * (mean - stop(mean)) + gv * (var - stop(var))) / self.beta_input
 
     def describe(self) -> str:
         how = (

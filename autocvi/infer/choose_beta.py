@@ -114,8 +114,9 @@ def choose_beta(
         num_samples: q's draws per validation score.
         fit_kwargs: passed to :func:`autocvi.fit` (``progress_bar`` defaults to False).
 
-    Each beta is one ``fit`` (and, while beta is part of the compiled program, one
-    compilation).
+    Each beta is one ``fit``; beta is an input of the compiled programs, not part of
+    them, so only the first beta compiles (about 0.3 s per further beta on the DLM
+    regression example instead of 2.5 s).
     """
     if betas is None:
         betas = beta_grid(_num_observations(model, train))

@@ -458,7 +458,7 @@ def build_schedule(
             continue
         log_density = _compiled_log_density(graph.log_density_fn(fac.name), example)
         likelihood = fac.name in likelihoods
-        scale = objective.likelihood_scale if likelihood else 1.0
+        scale = objective.likelihood_scale if likelihood else None
         log_density = _scaled(log_density, scale)
         out = jax.eval_shape(log_density, example)
         factor_ndim = len(out.shape)
@@ -662,11 +662,15 @@ def _likelihood_factors(graph: FactorGraph) -> frozenset:
     return frozenset(f.name for f in graph.factors.values() if f.kind == "likelihood")
 
 
-def _scaled(log_density: Callable, scale: float) -> Callable:
-    """``scale * log_density`` (the beta-ELBO's tempered likelihood), or itself at 1."""
-    if scale == 1.0:
+def _scaled(log_density: Callable, scale: float | None) -> Callable:
+    """``scale * log_density`` (the beta-ELBO's tempered likelihood), or itself for None."""
+    if scale is None:
         return log_density
-    return lambda values: scale * log_density(values)
+    # An array, not a Python float: the compiled step closes over it as an input
+    # (autocvi.jaxpr.structural_jit), so every beta of a grid shares one program (1.0
+    # included: x * 1.0 is x exactly, so BetaELBO(1) is still the ELBO to the last digit).
+    factor = jnp.asarray(scale)
+    return lambda values: factor * log_density(values)
 
 
 def _check_dlm(fac, objective, layouts: dict, predictors: dict):
@@ -742,7 +746,7 @@ def _gauss_hermite_predictor(log_density, example, latent, lay, conjugate):
 
 
 def _with_residual(
-    graph: FactorGraph, factor: str, example: dict, latent: str, shape, scale: float = 1.0
+    graph: FactorGraph, factor: str, example: dict, latent: str, shape, scale: float | None = None
 ):
     """The integrated child's predictor with its residual kept apart (one 1-D rule for
     the messages instead of an outer rule over an inner one), or None."""
