@@ -23,6 +23,7 @@ from ..model.graph import FactorGraph, _format_table
 from ..model.message_kinds import EXACT
 from ..plan.schedule import Schedule, check_planner_options, plan
 from .convergence import WINDOW, Diagnostics, FitWarning, converged_now, diagnose_schedule, report
+from .coupling import warn_mean_field_coupling
 from .hyper import EMOptions, EMTrace, ParamSpace, m_step, run_em
 
 __all__ = ["fit", "FitResult", "IllConditionedError"]
@@ -323,6 +324,11 @@ def fit(
         )
     converged = converged and diagnostics.trustworthy
     posterior = posterior_of(schedule, state)
+    params = {
+        **{k: np.asarray(v) for k, v in schedule.params.items()},
+        **{k: np.asarray(v) for k, v in state.params.items()},
+    }
+    warn_mean_field_coupling(model, data or {}, schedule, posterior, params)
     return FitResult(
         posterior=posterior,
         elbo=elbos,
@@ -335,10 +341,7 @@ def fit(
         diagnostics=diagnostics,
         elbo_final=elbo_final,
         restart_elbos=np.asarray([r[0] for r in runs]),
-        params={
-            **{k: np.asarray(v) for k, v in schedule.params.items()},
-            **{k: np.asarray(v) for k, v in state.params.items()},
-        },
+        params=params,
         em=trace,
         _layouts=layouts,
     )
