@@ -63,8 +63,12 @@ def initial_natural(schedule: Schedule, rng_key) -> dict:
         def expected(mu, lay=lay, fplan=fplan, align=align, fixed=fixed, name=name):
             return expect(fplan.log_density, {name: moment_point_set(lay, mu, align)}, fixed)
 
-        ref = lay.fam.natural_to_mean(lay.reference_natural(sub))
-        lam = jax.grad(expected)(ref)
+        reference = lay.reference_natural(sub)
+        lam = jax.grad(expected)(lay.fam.natural_to_mean(reference))
+        if lay.q_family not in ("Normal", "MultivariateNormal"):
+            lam = _representable(
+                lam, reference, lambda lam_, lay=lay: expected(lay.fam.natural_to_mean(lam_))
+            )
         # Gaussian nodes with estimated messages start at the prior mean with at
         # most unit variance (a prior draw, or the prior's spread, can put the
         # expectations of exp-like likelihoods out of floating-point range);
@@ -89,6 +93,32 @@ def initial_natural(schedule: Schedule, rng_key) -> dict:
             lam = (-2.0 * prec2 * mean, prec2)
         natural[name] = _full_size(node, lam)
     return natural
+
+
+def _representable(lam, reference, expected):
+    """``lam``, or the first of its mixtures with the family's reference natural
+    parameters at which the prior's expected log density is finite.
+
+    A prior as vague as BUGS's ``Gamma(0.001, 0.001)`` has ``E[log z]`` near -1000, whose
+    moment nodes (``exp`` of it) underflow to 0 at the working precision: the first
+    messages and ELBO are then NaN, every step is refused, and q stays at the prior
+    (float32: from ``Gamma(0.02, 0.02)`` down). Starting between the prior and the
+    reference (a mixture in natural parameters stays in the family's domain) is as good
+    a start for these exact updates, which leave it after one step. Traced: the choice
+    is made with ``where``, the first finite candidate wins.
+    """
+    steps = (0.0, 0.5, 0.9, 0.99, 1.0)
+    candidates = [
+        jax.tree_util.tree_map(lambda a, r, t=t: (1.0 - t) * a + t * r, lam, reference)
+        for t in steps
+    ]
+    chosen = candidates[-1]
+    for candidate in reversed(candidates[:-1]):
+        finite = jnp.all(jnp.isfinite(expected(candidate)))
+        chosen = jax.tree_util.tree_map(
+            lambda c, o, f=finite: jnp.where(f, c, o), candidate, chosen
+        )
+    return chosen
 
 
 def _full_size(node, lam):
