@@ -4,6 +4,7 @@ Issue 13: errors that end in an empty text (``NotImplementedError``) or in an
 internal name give a user nothing to act on.
 """
 
+import jax.numpy as jnp
 import numpyro
 import numpyro.distributions as dist
 import pytest
@@ -50,3 +51,26 @@ def test_errors_name_the_site_and_the_fix(model, words):
     message = str(info.value)
     for word in words:
         assert word in message, (word, message)
+
+
+def test_numpy_data_indexed_by_subsample_indices_names_the_fix():
+    """NumPy data indexed with a subsampled plate's traced indices (X[idx]): a ModelError
+    that names the factor and the fix, not JAX's TracerArrayConversionError."""
+    import numpy as np
+    import numpyro
+    import numpyro.distributions as dist
+
+    rng = np.random.RandomState(0)
+    X, y = rng.normal(size=(200, 3)), (rng.uniform(size=200) < 0.5).astype(float)
+
+    def model(X, y=None):
+        w = numpyro.sample("w", dist.Normal(0, 1).expand([3]).to_event(1))
+        with numpyro.plate("N", X.shape[0], subsample_size=50) as idx:
+            numpyro.sample("y", dist.Bernoulli(logits=X[idx] @ w), obs=y[idx])
+
+    with pytest.raises(
+        autocvi.ModelError, match=r"cannot be traced.*X\[idx\] @ w.*jnp.asarray\(X\)"
+    ):
+        autocvi.plan(model, {"X": X, "y": y})
+    # The fix it names works.
+    autocvi.plan(model, {"X": jnp.asarray(X), "y": jnp.asarray(y)})

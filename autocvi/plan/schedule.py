@@ -52,6 +52,7 @@ from ..blocks.gaussian_block import find_block
 from ..jaxpr import dce, structural_jit
 from ..model.graph import EdgeInfo, FactorGraph, PlateInfo, _format_table
 from ..model.message_kinds import EXACT, FISHER, GAUSS_HERMITE, MESSAGE_KINDS, MONTE_CARLO
+from ..model.trace import ModelError
 from .site_memory import find_site_memory
 
 __all__ = ["FactorPlan", "NodePlan", "Schedule", "plan", "build_schedule"]
@@ -456,7 +457,7 @@ def build_schedule(
     for fac in graph.factors.values():
         if not fac.latents:
             continue
-        log_density = _compiled_log_density(graph.log_density_fn(fac.name), example)
+        log_density = _compiled_log_density(graph.log_density_fn(fac.name), example, fac.name)
         likelihood = fac.name in likelihoods
         scale = objective.likelihood_scale if likelihood else None
         log_density = _scaled(log_density, scale)
@@ -631,7 +632,39 @@ def build_schedule(
     return schedule
 
 
-def _compiled_log_density(log_density: Callable, example: dict) -> Callable:
+# What JAX raises when the model turns a traced value into a concrete one: NumPy data
+# indexed by a plate's traced subsample indices (``X[idx]`` with ``X`` a numpy array),
+# ``int(...)``/``if`` on a latent.
+_CONCRETE_VALUE_ERRORS = (
+    jax.errors.TracerArrayConversionError,
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerBoolConversionError,
+)
+
+
+def _user_line(err: BaseException) -> str:
+    """`` at file:line: code`` of the deepest frame of ``err`` outside autocvi, NumPyro
+    and JAX (the user's model), or ``""``."""
+    import os
+    import traceback
+
+    import jaxlib
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # autocvi/
+    libraries = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, jaxlib, numpyro)) + (
+        package + os.sep,
+    )
+    frames = [
+        f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith(libraries)
+    ]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" at {f.filename}:{f.lineno}: {f.line}"
+
+
+def _compiled_log_density(log_density: Callable, example: dict, factor: str = "") -> Callable:
     """The factor's log density as a dead-code-eliminated jaxpr.
 
     The model is traced once here (with numpyro's support checks off, since
@@ -646,7 +679,25 @@ def _compiled_log_density(log_density: Callable, example: dict) -> Callable:
         with numpyro.validation_enabled(False):
             return log_density(dict(zip(names, xs)))
 
-    closed = jax.make_jaxpr(flat_fn)(*(example[n] for n in names))
+    try:
+        closed = jax.make_jaxpr(flat_fn)(*(example[n] for n in names))
+    except _CONCRETE_VALUE_ERRORS as err:
+        hint = (
+            " Most often the model indexes NumPy data with a subsampled plate's indices "
+            "(X[idx] with X a numpy array): pass the data as JAX arrays (jnp.asarray(X)) "
+            "or write numpyro.subsample(X, event_dim=1) inside the plate; or a numpy "
+            "function is applied to a latent (use jax.numpy)."
+            if isinstance(err, jax.errors.TracerArrayConversionError)
+            else " autocvi evaluates the model's log density with the latents (and the "
+            "subsample indices) as traced JAX values: keep int(), float() and Python "
+            "if/while off them (jnp.where, lax.cond)."
+        )
+        raise ModelError(
+            f"the model cannot be traced with its latents and subsample indices as JAX "
+            f"values{_user_line(err)} (while evaluating the log density of "
+            f"{factor or 'a factor'!r}): {type(err).__name__}: {str(err).splitlines()[0]}."
+            f"{hint}"
+        ) from err
     jaxpr, used = dce(closed.jaxpr)
     kept = [n for n, u in zip(names, used) if u]
     fn = jax_core.jaxpr_as_fun(jax_core.ClosedJaxpr(jaxpr, closed.consts))
@@ -753,7 +804,9 @@ def _with_residual(
     eps_key = graph.residuals[factor]
     dtype = jnp.result_type(example[latent])
     with_eps = {**example, eps_key: jnp.zeros(shape, dtype)}
-    log_density = _scaled(_compiled_log_density(graph.log_density_fn(factor), with_eps), scale)
+    log_density = _scaled(
+        _compiled_log_density(graph.log_density_fn(factor), with_eps, factor), scale
+    )
     try:
         return residual_predictor(log_density, with_eps, latent, eps_key)
     except Exception:  # noqa: BLE001 - the integrated child's own predictor is kept
