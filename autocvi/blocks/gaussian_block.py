@@ -73,6 +73,9 @@ class _Term:
     # The reward reads the predictor's mean only (square-loss DLM): GaussianBlock.update
     # steps its sites by Newton on the mean.
     mean_only: bool = False
+    # The reward's gradient is a sampling estimate (DLM's bMC, uPS): its value is
+    # computed apart (GaussianBlock.update).
+    sampled: bool = False
 
     @property
     def size(self) -> int:
@@ -215,6 +218,11 @@ class GaussianBlock:
             value, (gm, gv) = jax.value_and_grad(
                 lambda mm, vv, t=t, tkey=tkey: _gh_expectation(t, mm, vv, tkey), argnums=(0, 1)
             )(m, v)
+            if t.sampled:
+                # A sampled-gradient objective's surrogate (DLM's bMC, uPS) carries its
+                # estimate in the value's derivative, and a non-finite estimate would
+                # make the value NaN; the line search compares the deterministic one.
+                value = _gh_expectation(t, m, v)
             expected = expected + value
             lam2 = gv if self.signed_sites else jnp.minimum(gv, 0.0)
             lam1 = gm - 2.0 * lam2 * m
@@ -594,6 +602,7 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
                 residual=residual,
                 expected=factors[fname].expected,
                 mean_only=factors[fname].reward_reads_mean_only,
+                sampled=factors[fname].sampled_gradients,
             )
         )
 

@@ -77,6 +77,8 @@ class FactorPlan:
     expected: Callable = field(default=expected_log_likelihood, repr=False)
     # Whether ``expected`` reads the predictor's mean only (square-loss DLM).
     reward_reads_mean_only: bool = False
+    # Whether ``expected``'s gradient is a sampling estimate (DLM's bMC, uPS).
+    sampled_gradients: bool = False
 
 
 @dataclass(frozen=True)
@@ -508,6 +510,7 @@ def build_schedule(
             linear_predictors=predictors,
             expected=objective.expected if dlm else expected_log_likelihood,
             reward_reads_mean_only=dlm and objective.reward_reads_mean_only,
+            sampled_gradients=dlm and objective.sampled_gradients,
         )
     # Jacobians of unconstrained nodes are factors of their own (non-conjugate).
     for name, lay in layouts.items():
