@@ -31,16 +31,10 @@ def render() -> str:
         for case_id, site_fn, values, target, family, _ in cases:
             v = autocvi.classify_edge(site_fn, values, target, family, site_name="y")
             verdict = "conjugate" if v.conjugate else "non-conjugate"
+            verdict = verdict if v.conjugate == expected else f"**{verdict}**"
             detail = ", ".join(f"`{s}`" for s in v.statistics) if expected else v.reason
-            rows[expected].append(
-                (
-                    f"`{case_id}`",
-                    _density(site_fn, values, v),
-                    f"{target} ~ {family}",
-                    verdict if v.conjugate == expected else f"**{verdict}**",
-                    detail.replace("|", "\\|").replace("\n", " "),
-                )
-            )
+            row = f"`{case_id}`", _density(site_fn, values, v), f"{target} ~ {family}", verdict
+            rows[expected].append((*row, detail.replace("|", "\\|").replace("\n", " ")))
     rows_c, rows_n = rows[True], rows[False]
     head = ("case", "factor density (how its parameters depend on the latent)", "latent")
     return f"""# Which factors are conjugate
@@ -72,7 +66,3 @@ same verdict.
 def main(argv=None):
     DOC.write_text(render())
     print(f"wrote {DOC}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,13 +1,6 @@
 """The one driver every benchmark runs on (``benchmarks/README.md`` describes it): the methods
 (autocvi, NumPyro SVI, BayesPy), the timed runner :func:`run`, the common scorer
-:class:`ELBOEstimator`, :func:`experiment`, and the report helpers (declared tables and plots,
-one writer of ``results/<name>.json``, ``.md`` and ``.png``).
-
-A method has ``label``, ``kind`` ("autocvi", "svi", "bayespy"), ``setting``, ``setup(model,
-data) -> state`` and ``posterior(state)`` (numpyro Distributions per site); :func:`run` drives
-it by ``step(state)`` and ``objective(state)`` per iteration, by its compiled loop
-``fused(state, n)`` where it has one, and SVI by ``compile``, ``fused`` and ``states_at``.
-"""
+:class:`ELBOEstimator`, :func:`experiment`, and the report helpers (tables, plots, writer)."""
 
 from __future__ import annotations
 
@@ -20,7 +13,6 @@ import platform
 import subprocess
 import time
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,23 +76,29 @@ def env_line(env, cmd) -> str:
 
 # ------------------------------------------------------------------- scorer
 class ELBOEstimator:
-    """ELBO of any q by plain Monte Carlo, ``mean_s [log p(x, z_s) - log q(z_s)]``.
-
-    ``log p`` is numpyro's ``log_density`` of ``model(**data)``; the draws come from one
-    fixed key shared by every method (common random numbers), in chunks, averaged in
-    float64 on the host. Returns (estimate, Monte Carlo standard error).
-    """
+    """ELBO of any q by plain Monte Carlo, ``mean_s [log p(x, z_s) - log q(z_s)]`` (numpyro's
+    ``log_density``), from one fixed key shared by every method (common random numbers),
+    averaged in float64 on the host: (estimate, Monte Carlo standard error)."""
 
     def __init__(self, model, data, num_samples=4096, rng_key=12345):
-        self.num_samples, self.chunk = num_samples, 4096
-        self.key = jax.random.PRNGKey(rng_key)
+        self.num_samples, self.key = num_samples, jax.random.PRNGKey(rng_key)
         self._logp = jax.jit(jax.vmap(lambda z: log_density(model, (), data, z)[0]))
 
-    def draws(self, q):
-        """``(z, log q(z))`` chunks of the shared draws of q (a dict site -> distribution)."""
-        for start in range(0, self.num_samples, self.chunk):
-            n = min(self.chunk, self.num_samples - start)
-            yield independent_q(q)(jax.random.fold_in(self.key, start), n)
+    def draws(self, q, chunk=4096):
+        """``(z, log q(z))`` chunks of the shared draws of q, a dict site -> distribution (an
+        ``autocvi.BlockPosterior`` draws with its own exact log density)."""
+        for start in range(0, self.num_samples, chunk):
+            n, key = min(chunk, self.num_samples - start), jax.random.fold_in(self.key, start)
+            z, lq = {}, 0.0
+            for i, name in enumerate(sorted(q)):
+                d, k = q[name], jax.random.fold_in(key, i)
+                if isinstance(d, autocvi.BlockPosterior):
+                    z[name], lq_site = d.sample_with_log_prob(k, (n,))
+                else:
+                    z[name] = d.sample(k, (n,))
+                    lq_site = jnp.sum(jnp.reshape(d.log_prob(z[name]), (n, -1)), axis=1)
+                lq = lq + lq_site
+            yield z, lq
 
     def __call__(self, q) -> tuple[float, float]:
         v = [np.asarray(self._logp(z), np.float64) - np.asarray(lq) for z, lq in self.draws(q)]
@@ -110,31 +108,10 @@ class ELBOEstimator:
         return float(v.mean()), float(v.std(ddof=1) / np.sqrt(v.size))
 
 
-def independent_q(dists: dict) -> Callable:
-    """``sample_and_log_q`` of a product of numpyro Distributions (an
-    ``autocvi.BlockPosterior`` draws with its own exact log density)."""
-
-    def draw(key, n):
-        z, lq = {}, 0.0
-        for i, name in enumerate(sorted(dists)):
-            d, k = dists[name], jax.random.fold_in(key, i)
-            if isinstance(d, autocvi.BlockPosterior):
-                z[name], lq_site = d.sample_with_log_prob(k, (n,))
-            else:
-                z[name] = d.sample(k, (n,))
-                lq_site = jnp.sum(jnp.reshape(d.log_prob(z[name]), (n, -1)), axis=1)
-            lq = lq + lq_site
-        return z, lq
-
-    return draw
-
-
 # ------------------------------------------------------------------ methods
 class AutocviMethod:
-    """autocvi through its public API only, ``autocvi.CVI(model, **options)``: ``setup`` is
-    ``CVI.init``, ``step`` ``CVI.update`` (plus its ELBO on the host), ``fused``
-    ``CVI.run(init_state=..., tol=0)`` (``autocvi.fit``'s loop), ``converge`` the same loop
-    with ``fit``'s stopping rule, ``posterior`` ``CVI.get_posterior``."""
+    """autocvi through its public API only, ``autocvi.CVI(model, **options)`` (the README's
+    "The driver" says which method is which call)."""
 
     kind = "autocvi"
 
@@ -282,15 +259,6 @@ class BayesPyMethod:
 
     def posterior(self, state):
         return state
-
-
-def bayespy_missing() -> str | None:
-    """Why BayesPy cannot be used (None when it imports)."""
-    try:
-        import bayespy  # noqa: F401
-    except Exception as e:  # noqa: BLE001
-        return f"{type(e).__name__}: {e}"
-    return None
 
 
 # ------------------------------------------------------------------- runner
@@ -637,7 +605,7 @@ def to_jsonable(obj):
 
 def write(name, payload, markdown, panels=None, title="") -> None:
     """``RESULTS/<name>.json``, ``.md`` and (if matplotlib imports and panels are declared: a
-    list of panel dicts, or a function of ``plt``) ``.png``."""
+    list of panel dicts, or a function of ``plt`` making a figure or such a list) ``.png``."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(to_jsonable(payload), indent=1) + "\n")
     (RESULTS / f"{name}.md").write_text(markdown.rstrip() + "\n")
@@ -649,18 +617,19 @@ def write(name, payload, markdown, panels=None, title="") -> None:
             import matplotlib.pyplot as plt
         except ImportError:
             return
-        fig = plot(plt, panels, title) if isinstance(panels, list) else panels(plt)
+        fig = panels(plt) if callable(panels) else panels
+        fig = plot(plt, fig, title) if isinstance(fig, list) else fig
         fig.savefig(RESULTS / f"{name}.png", dpi=120, bbox_inches="tight")
         plt.close(fig)
 
 
-def publish(name, settings, markdown, plot, **results) -> dict:
+def publish(name, settings, markdown, plot, title="", **results) -> dict:
     """Write a benchmark's record (``write``) from its settings and results, with the
-    markdown and plot its ``markdown(payload)`` and ``plot(plt, payload)`` make; print
-    the markdown and return the payload."""
+    markdown and plot its ``markdown(payload)`` and ``plot(plt, payload)`` (a figure, or a list
+    of panels titled ``title``) make; print the markdown and return the payload."""
     payload = {"benchmark": name, "settings": settings, "environment": environment(), **results}
     md = markdown(payload)
-    write(name, payload, md, None if plot is None else (lambda plt: plot(plt, payload)))
+    write(name, payload, md, None if plot is None else (lambda plt: plot(plt, payload)), title)
     print(md)
     return payload
 
@@ -675,14 +644,10 @@ def svi_in_chunks(svi, state, chunk, max_steps, score, *args, stop=None, **kwarg
     """
 
     def steps(state):
-        update = svi.update
-        return jax.lax.scan(lambda s, _: (update(s, *args, **kwargs)[0], None), state, None, chunk)[
-            0
-        ]
+        body = lambda s, _: (svi.update(s, *args, **kwargs)[0], None)  # noqa: E731
+        return jax.lax.scan(body, state, None, chunk)[0]
 
-    t = time.perf_counter()
-    compiled = jax.jit(steps).lower(state).compile()
-    compile_s = time.perf_counter() - t
+    (compile_s,), compiled = timed(lambda: jax.jit(steps).lower(state).compile(), 1)
     trace, loop_s = [], 0.0
     for k in range(max_steps // chunk):
         t = time.perf_counter()
@@ -719,24 +684,16 @@ def fit_line(f, score) -> str:
     )
 
 
-def fit_timed(method, model, data, max_steps, repeats=2) -> dict:
+def fit_timed(method, model, data, max_steps, repeats=2):
     """``method`` run by ``autocvi.fit``'s loop with its stopping rule (``method.converge``):
     setup, then a first call (compiles the loop), then ``repeats`` timed calls from the
-    same start."""
+    same start. Returns (record, posterior, ELBO trace)."""
     (setup,), state0 = timed(lambda: method.setup(model, data), 1)
     (first,), (state, elbos, conv) = timed(lambda: method.converge(state0, max_steps), 1)
     times, _ = timed(lambda: method.converge(state0, max_steps), repeats)
-    return {
-        "posterior": method.posterior(state),
-        "elbo_engine": np.asarray(elbos),
-        "num_steps": len(elbos),
-        "converged": bool(conv),
-        "setup_time": setup,
-        "compile_time": max(first - min(times), 0.0),
-        "loop_time": min(times),
-        "loop_times_all_repeats": times,
-        "setting": method.setting,
-    }
+    rec = {"converged": bool(conv), "loop_time": min(times), "setup_time": setup}
+    rec.update(compile_time=max(first - min(times), 0.0), setting=method.setting)
+    return rec | {"iterations": len(elbos)}, method.posterior(state), np.asarray(elbos)
 
 
 def main_of(run, parts):

@@ -141,8 +141,7 @@ def gamma_problem(st: dict) -> dict:
     Z_true = rng.gamma(a, 1.0 / b, size=(D_, K))
     cov_true = Z_true @ Z_true.T + s2 * np.eye(D_)
     Y_all = rng.multivariate_normal(np.zeros(D_), cov_true, size=st["N_train"] + st["N_test"])
-    Y, Yt = Y_all[: st["N_train"]].astype(np.float32), jnp.asarray(Y_all[st["N_train"] :])
-    Yt = Yt.astype(jnp.float32)
+    Y, Yt = (np.asarray(a, np.float32) for a in np.split(Y_all, [st["N_train"]]))
     S, key, yy = st["test_num_draws"], jax.random.PRNGKey(st["test_rng_key"]), jnp.sum(Yt * Yt, 1)
 
     def log_lik(Zs):
@@ -160,6 +159,8 @@ def gamma_problem(st: dict) -> dict:
     def nll_at(cov):  # the baselines: one known covariance
         q = dist.MultivariateNormal(jnp.zeros(D_), jnp.asarray(cov, jnp.float32))
         return float(-jnp.mean(q.log_prob(Yt)))
+
+    empirical = np.cov(Y.T, bias=True)
 
     @jax.jit
     def metrics(q):
@@ -179,9 +180,7 @@ def gamma_problem(st: dict) -> dict:
         "secondary": ("cov_rel_error", "||E[Z]E[Z]^T + s2 I - Sigma_true||_F / ||Sigma_true||_F"),
         "baselines": {
             "test NLL at the true Z": nll_at(cov_true),
-            "test NLL at the empirical covariance of the training data": nll_at(
-                np.cov(Y.T, bias=True)
-            ),
+            "test NLL at the empirical covariance of the training data": nll_at(empirical),
         },
         "shape": f"N = {st['N_train']} training and {st['N_test']} test points, D = {D_}, K = {K}, "
         f"sigma^2 = {s2:g}",
@@ -238,7 +237,6 @@ def run(part, quick=False):
     m = D.AutocviMethod(rng_key=st["autocvi_rng_key"], num_samples=st["autocvi_num_samples"])
     grid = [0] + D.log_grid(steps, st["svi_grid_points"], st["svi_grid_dense"])
     spec = {
-        "name": f"factor_models_{part}",
         "cmd": f"factor_models:{part}",
         "title": prob["title"] + (" **(--quick smoke test: not representative)**" if quick else ""),
         "model": model,
@@ -249,12 +247,8 @@ def run(part, quick=False):
         "guides": {"": (AutoNormal, "AutoNormal", lognormal)},
         "score": lambda q: {k: float(v) for k, v in prob["metrics"](q).items()},
         "key": key[0],
-        "higher": False,
-        "relative": True,
-        "unit": "%",
-        "refine": ("svi", "autocvi"),
-        "fit": False,
-        "targets": False,
+        "refine": ("svi", "autocvi"),  # lower is better, relative thresholds, no fit and targets
+        **{"higher": False, "relative": True, "unit": "%", "fit": False, "targets": False},
         "scoring": f"Test loss: {st['test_loss']}; thresholds: test loss <= (1 + X) L*, L* the "
         f"lowest final test loss of any method. autocvi: Gamma q per element, "
         f"{st['autocvi_num_samples']} Monte Carlo draws per message, run once. SVI: "
@@ -265,17 +259,18 @@ def run(part, quick=False):
             (f"final {label[0]}", D.at("final", label[0]), ".4f"),
             ("iterations run", "num_steps", "d"),
         ],
-        "panels": lambda p: panels(p, key, label),
+        "panels": panels,
         "text": verdict,
     }
     return svi_comparison.run(spec, st)
 
 
-def panels(p, key, secondary):
-    ref, methods = p["reference"], p["methods"]
+def panels(p):
+    ref, methods, st = p["reference"], p["methods"], p["settings"]
+    key, secondary = st["primary"], st["secondary"]
     hi = max(max(m[key[0]]) for m in methods.values())
     loss = {"log": "x", "ylim": (ref * 0.97, min(hi, ref * 1.6)), "ylabel": key[1]}
-    loss["hlines"] = [(ref, "--")] + [(ref * (1 + d), ":") for d in p["settings"]["thresholds"]]
+    loss["hlines"] = [(ref, "--")] + [(ref * (1 + d), ":") for d in st["thresholds"]]
     second = {"lines": D.metric_lines(methods, secondary[0], time=True), "ylabel": secondary[1]}
     return [
         {**loss, "lines": D.metric_lines(methods, key[0]), "xlabel": "iteration"},

@@ -1,13 +1,6 @@
-"""Gaussian mixture on iris: autocvi (VMP) vs BayesPy (VMP) vs NumPyro SVI (TraceEnum_ELBO).
-
-iris standardised (150 x 4), K = 3: ``pi ~ Dirichlet(1)``, ``mu_k ~ N(0, I_4)``,
-``tau_kd ~ Gamma(2, 1)``, ``z_n ~ Categorical(pi)``, ``x_n ~ N(mu[z_n], 1/sqrt(tau[z_n]))``.
-Every q(pi, mu, tau) is scored from one set of draws (shared key) twice: the collapsed ELBO
-(z summed out: what TraceEnum_ELBO maximises) and the mean-field ELBO with the optimal q(z)
-(what VMP maximises).
-
-    python -m benchmarks gaussian_mixture [--quick]
-"""
+"""Gaussian mixture on iris (K = 3): autocvi (VMP) vs BayesPy (VMP) vs NumPyro SVI
+(TraceEnum_ELBO), each q(pi, mu, tau) scored by its collapsed ELBO (z summed out) and its
+mean-field ELBO with the optimal q(z): ``python -m benchmarks gaussian_mixture [--quick]``."""
 
 from __future__ import annotations
 
@@ -64,13 +57,6 @@ def gmm(X, K=3, marginal=False):
         else:
             z = numpyro.sample("z", dist.Categorical(pi))
             numpyro.sample("x", dist.Normal(mu[z], 1.0 / jnp.sqrt(tau[z])).to_event(1), obs=X)
-
-
-def load_data(K=3):
-    from sklearn.datasets import load_iris
-    from sklearn.preprocessing import StandardScaler
-
-    return {"X": jnp.asarray(StandardScaler().fit_transform(load_iris().data), jnp.float32), "K": K}
 
 
 class MixtureEstimator(D.ELBOEstimator):
@@ -155,9 +141,12 @@ def converged_at(trace, rtol=1e-6):
 def run(quick=False):
     from numpyro.contrib.funsor import config_enumerate
     from numpyro.infer import TraceEnum_ELBO
+    from sklearn.datasets import load_iris
+    from sklearn.preprocessing import StandardScaler
 
     st = {**SETTINGS, **(QUICK if quick else {})}
-    data = load_data(st["K"])
+    data = {"X": jnp.asarray(StandardScaler().fit_transform(load_iris().data), jnp.float32)}
+    data["K"] = st["K"]
     est = MixtureEstimator(data, st["estimator_num_samples"], st["estimator_rng_key"])
     # Does rng_key change autocvi's initialisation? If not, other seeds are the same run.
     cvi = autocvi.CVI(gmm)
@@ -168,7 +157,12 @@ def run(quick=False):
     grid, entries = sorted(set(range(31)) | set(D.log_grid(n, 40))), []
     for s in seeds:
         entries.append(D.Entry(D.AutocviMethod(f"autocvi-seed{s}", rng_key=s), gmm, data, n, grid))
-    bp_error = D.bayespy_missing()
+    try:
+        import bayespy  # noqa: F401
+
+        bp_error = None
+    except Exception as e:  # noqa: BLE001 - run without it, saying why
+        bp_error = f"{type(e).__name__}: {e}"
     grid = sorted(set(range(1, 31)) | set(D.log_grid(nb, 40)))
     for s in [] if bp_error else st["bayespy_seeds"]:
         m = D.BayesPyMethod(f"bayespy-seed{s}", build_bayespy, s, "BayesPy VB")
@@ -190,16 +184,11 @@ def run(quick=False):
         if m["kind"] != "svi":
             m["converged_at"] = it = converged_at(m["objective"])
             m["converged_time"] = None if it is None else it * m["per_iter_time"]
-    best_meanfield = float(np.nanmax([m["final"]["meanfield"] for m in methods.values()]))
-    payload = {"benchmark": NAME, "settings": st, "environment": D.environment()}
-    payload.update(bayespy_error=bp_error, autocvi_init_max_abs_difference_key0_vs_key1=init_diff)
-    payload.update(reference_collapsed_elbo=ref, reference_meanfield_elbo=best_meanfield)
-    payload.update(autocvi_fit_defaults=fit, methods=methods)
-    payload["autocvi_schedule"] = str(entries[0].method.schedule)
-    md = markdown(payload)
-    D.write(NAME, payload, md, panels(payload), "Gaussian mixture, iris (N=150, D=4, K=3)")
-    print(md)
-    return payload
+    out = {"bayespy_error": bp_error, "autocvi_init_max_abs_difference_key0_vs_key1": init_diff}
+    out["reference_meanfield_elbo"] = np.nanmax([m["final"]["meanfield"] for m in methods.values()])
+    out.update(reference_collapsed_elbo=ref, autocvi_fit_defaults=fit, methods=methods)
+    out["autocvi_schedule"] = str(entries[0].method.schedule)
+    return D.publish(NAME, st, markdown, panels, "Gaussian mixture, iris (N=150, D=4, K=3)", **out)
 
 
 COLUMNS = [
@@ -246,11 +235,8 @@ def headline(p):
 def markdown(p):
     st = p["settings"]
     ran = "BayesPy ran (same mean-field family and objective as autocvi)."
-    ran = (
-        ran
-        if p["bayespy_error"] is None
-        else f"**BayesPy could not be used**: {p['bayespy_error']}"
-    )
+    if p["bayespy_error"] is not None:
+        ran = f"**BayesPy could not be used**: {p['bayespy_error']}"
     return f"""# Gaussian mixture (iris, K=3): autocvi VMP vs NumPyro SVI (TraceEnum_ELBO) vs \
 BayesPy
 
@@ -282,7 +268,7 @@ autocvi schedule:
 """
 
 
-def panels(p):
+def panels(plt, p):
     ref, methods = p["reference_collapsed_elbo"], p["methods"]
     out = D.gap_panels(methods, ref, "collapsed", "ELBO*c - collapsed ELBO(q) [nats; floor 1e-3]")
     lines = D.objective_lines(methods, 50)
@@ -291,5 +277,4 @@ def panels(p):
     return out
 
 
-def main(argv=()):
-    run(quick="--quick" in argv)
+main = D.main_of(lambda part, quick: run(quick), ["iris"])

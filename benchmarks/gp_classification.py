@@ -126,7 +126,6 @@ def run(name, quick=False):
             entry(st, f"autocvi-minibatch-{b}", model_minibatch, mb, steps, b / n, num_samples=k)
         )
     spec = {
-        "name": f"gp_classification_{name}",
         "cmd": f"gp_classification:{name}",
         "title": f"GP classification ({name}, N = D = {n})",
         "model": model,

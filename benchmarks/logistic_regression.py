@@ -108,7 +108,6 @@ def run_convergence(quick=False):
     entry, k = svi_comparison.autocvi_entry, st["autocvi_num_samples"]
     mc = {"num_samples": k, "use_quadrature": False}
     spec = {
-        "name": NAME,
         "cmd": NAME,
         "title": "Logistic regression (breast_cancer_scale, N=683, D=11)",
         "model": model,
@@ -164,10 +163,8 @@ def run_table3(quick=False):
         mc = D.AutocviMethod("autocvi-mc", use_quadrature=False)
         for m, max_steps in ((D.AutocviMethod("autocvi"), 100), (mc, 500)):
             print(f"[{NAME}:table3] split {seed}: {m.label}")
-            r = D.fit_timed(m, model, train, max_steps, st["timing_repeats"])
-            keys = ("converged", "loop_time", "setup_time", "compile_time", "setting")
-            rec = {k: r[k] for k in keys} | {"iterations": r["num_steps"]}
-            runs[m.label] = (rec, r["posterior"]["w"], -r["elbo_engine"])
+            rec, q, elbos = D.fit_timed(m, model, train, max_steps, st["timing_repeats"])
+            runs[m.label] = (rec, q["w"], -elbos)
         if seed == first:
             fit = D.timed_fit(model, train, rng_key=0)
         for lr in st["svi_learning_rates"]:
@@ -199,14 +196,10 @@ def run_table3(quick=False):
         }
         diffs = [abs(r["neg_elbo"] - r["neg_elbo_quadrature"]) for r in rs]
         summary[method]["max_abs_mc_minus_quadrature"] = max(diffs)
-    payload = {"benchmark": f"{NAME}_table3", "settings": st, "environment": D.environment()}
-    payload.update(rows=rows, summary=summary, autocvi_fit=fit, traces_first_split=traces)
-    payload["paper_table3_breast_cancer_scale"] = PAPER_BREAST
+    out = {"rows": rows, "summary": summary, "autocvi_fit": fit, "traces_first_split": traces}
+    out["paper_table3_breast_cancer_scale"] = PAPER_BREAST
     title = "Logistic regression, CVI paper Table 3 protocol (breast_cancer_scale, 50/50)"
-    md = table3_markdown(payload)
-    D.write(f"{NAME}_table3", payload, md, table3_panels(payload), title)
-    print(md)
-    return payload
+    return D.publish(f"{NAME}_table3", st, table3_markdown, table3_panels, title, **out)
 
 
 def _ms(key, spec, scale=1.0):
@@ -267,7 +260,7 @@ rows' 0.693-0.698 is ln 2, a coin toss in nats), ours is in bits.
 """
 
 
-def table3_panels(p):
+def table3_panels(plt, p):
     lines, timed, scatter = [], [], []
     for label, t in p["traces_first_split"].items():
         svi, v = label.startswith("svi"), np.asarray(t["neg_elbo"], float)
@@ -279,10 +272,8 @@ def table3_panels(p):
     obj = {"log": "xy", "ylim": (lo * 0.98, lo * 4)}
     obj["ylabel"] = "-ELBO, own objective (SVI: 100-step mean)"
     for m in dict.fromkeys(r["method"] for r in p["rows"] if r["method"] != "svi-best"):
-        mine = [r for r in p["rows"] if r["method"] == m]
-        scatter.append(
-            ([r["neg_elbo"] for r in mine], [r["test_log_loss_bits"] for r in mine], m, None)
-        )
+        mine = [(r["neg_elbo"], r["test_log_loss_bits"]) for r in p["rows"] if r["method"] == m]
+        scatter.append((*zip(*mine), m, None))
     last = {"lines": scatter, "scatter": True, "title": "every split and method"}
     last.update(xlabel="-ELBO on the training half", ylabel="test log-loss (bits)")
     return [
@@ -356,16 +347,14 @@ def run_wide(quick=False):
 
     normal = partial(AutoNormal, init_loc_fn=init_to_mean)
     lowrank = partial(AutoLowRank, init_loc_fn=init_to_mean, rank=10)
+    entry = svi_comparison.autocvi_entry(st, "autocvi", model, data, st["autocvi_num_steps"])
     spec = {
-        "name": f"{NAME}_wide",
         "cmd": "logistic_regression:wide",
         "title": "Logistic regression, D > N (synthetic colon-cancer shape: N = 62, D = 2000)",
         "model": model,
         "data": data,
         "site": "w",
-        "autocvi": [
-            svi_comparison.autocvi_entry(st, "autocvi", model, data, st["autocvi_num_steps"])
-        ],
+        "autocvi": [entry],
         "guides": {
             "normal": (normal, "AutoNormal(init_loc_fn=init_to_mean)", normal_q),
             "lowrank": (lowrank, LOWRANK, None),

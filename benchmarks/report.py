@@ -178,18 +178,14 @@ def render(results: Path = D.RESULTS) -> str:
         parts.append("\n".join(body).rstrip())
     parts.append(OUTRO.rstrip())
     if missing:
+        names = ", ".join(f"`{m}`" for m in missing)
         parts.append(
-            "## Not generated\n\nNo result files for: "
-            + ", ".join(f"`{m}`" for m in missing)
-            + ". Run `python -m benchmarks` to produce them."
+            f"## Not generated\n\nNo result files for: {names}. Run `python -m benchmarks`"
         )
+        parts[-1] += " to produce them."
     return "\n\n".join(parts) + "\n"
 
 
 def main(argv=None):
     DOC.write_text(render())
     print(f"wrote {DOC.relative_to(D.ROOT)}")
-
-
-if __name__ == "__main__":
-    main()

@@ -40,11 +40,11 @@ def autocvi_entry(st, label, model, data, steps, passes=1.0, **options):
 
 
 def run(spec: dict, st: dict) -> dict:
-    """``spec``: name, cmd, title, model, data, autocvi (a list of :class:`driver.Entry`),
-    guides (label -> constructor, or (constructor, description, posterior_fn)), site; optional:
-    score (q -> dict; default the common estimator), key, higher, relative, refine, unit ("nat"
-    or "%"), scoring (its description), test_metric (label, fn of q), svi_float32, fit,
-    targets, mc_check, columns, panels, text. ``st``: the settings."""
+    """``spec``: cmd (``name[:part]``, results in ``name_part.*``), title, model, data, autocvi
+    (a list of :class:`driver.Entry`), guides (label -> constructor, or (constructor,
+    description, posterior_fn)), site; optional: score (q -> dict; default the common
+    estimator), key, higher, relative, refine, unit ("nat" or "%"), scoring (its description),
+    test_metric (label, fn of q), svi_float32, fit, targets, mc_check, columns, panels, text."""
     model, data, key = spec["model"], spec["data"], spec.get("key", "elbo")
     if "score" not in spec or spec.get("mc_check"):
         est = D.ELBOEstimator(model, data, st["estimator_num_samples"], st["estimator_rng_key"])
@@ -68,7 +68,7 @@ def run(spec: dict, st: dict) -> dict:
             entries.append(D.Entry(m, model, data, n_svi, grid, repeats=st["svi_repeats"]))
     fit, also = None, []
     if spec.get("fit", True):
-        print(f"[{spec['name']}] autocvi.fit with defaults")
+        print(f"[{spec['cmd']}] autocvi.fit with defaults")
         fit = D.timed_fit(model, data, rng_key=st["autocvi_rng_key"])
         fit["score"] = score(fit["_result"].posterior)
         also = [fit["score"][key]]
@@ -80,12 +80,13 @@ def run(spec: dict, st: dict) -> dict:
         for label in ("autocvi", max(svis, key=lambda k: methods[k]["final"][key])):
             m = methods[label]
             m["elbo_mc"] = est(m["_run"].posterior_at(m["num_steps"]))
-    payload = {"benchmark": spec["name"], "title": spec["title"], "settings": st}
+    name = spec["cmd"].replace(":", "_")
+    payload = {"benchmark": name, "title": spec["title"], "settings": st}
     payload.update(environment=D.environment(), reference=ref, autocvi_fit_defaults=fit)
     payload.update(methods=methods, test_metric_label=spec.get("test_metric", (None,))[0])
     payload["summary"] = summary(payload, spec.get("targets", True))
     md, panels = markdown(spec, payload), spec.get("panels", elbo_panels)(payload)
-    D.write(spec["name"], payload, md, panels, spec["title"])
+    D.write(name, payload, md, panels, spec["title"])
     print(md)
     return payload
 
