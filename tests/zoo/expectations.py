@@ -144,6 +144,7 @@ ZOO = [
     "bnn_moons",
     "lda",
     "hierarchical_poisson_cancer",
+    "gamma_poisson_hierarchy",
     "ar2_sunspots",
     "gp_classification_ionosphere",
     "weibull_survival_heart",
