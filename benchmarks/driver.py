@@ -552,16 +552,18 @@ def gap_panels(methods, ref, key, ylabel, x="iters", xlabel="iteration"):
     ]
 
 
-def objective_lines(methods, smooth=100):
-    """Each method's own per-iteration objective (SVI: a ``smooth``-step running mean)."""
+def objective_lines(methods, smooth=100, key="objective", time=False, describe=True):
+    """Each method's own per-iteration objective ``record[key]`` (SVI: a ``smooth``-step running
+    mean) against iterations or (``time``) loop seconds; ``describe`` says which in the label."""
     lines = []
     for label, m in methods.items():
-        obj, svi = np.asarray(m["objective"], float), m["kind"] == "svi"
+        obj, svi = np.asarray(m[key], float), m["kind"] == "svi"
         if svi:
             obj = np.convolve(obj, np.ones(smooth) / smooth, mode="valid")
         its = np.arange(len(obj)) + (smooth if svi else 1)
         what = f"-loss, {smooth}-step mean" if svi else "own objective"
-        lines.append((its, obj, f"{label} ({what})", "-" if svi else "-o"))
+        label = f"{label} ({what})" if describe else label
+        lines.append((its * (m["per_iter_time"] if time else 1), obj, label, "-" if svi else "-o"))
     return lines
 
 
@@ -623,13 +625,13 @@ def write(name, payload, markdown, panels=None, title="") -> None:
         plt.close(fig)
 
 
-def publish(name, settings, markdown, plot, title="", **results) -> dict:
+def publish(name, settings, markdown, plot, plot_title="", **results) -> dict:
     """Write a benchmark's record (``write``) from its settings and results, with the
     markdown and plot its ``markdown(payload)`` and ``plot(plt, payload)`` (a figure, or a list
-    of panels titled ``title``) make; print the markdown and return the payload."""
+    of panels titled ``plot_title``) make; print the markdown and return the payload."""
     payload = {"benchmark": name, "settings": settings, "environment": environment(), **results}
     md = markdown(payload)
-    write(name, payload, md, None if plot is None else (lambda plt: plot(plt, payload)), title)
+    write(name, payload, md, None if plot is None else (lambda plt: plot(plt, payload)), plot_title)
     print(md)
     return payload
 

@@ -265,7 +265,7 @@ def run(part, quick=False):
     return svi_comparison.run(spec, st)
 
 
-def panels(p):
+def panels(plt, p):
     ref, methods, st = p["reference"], p["methods"], p["settings"]
     key, secondary = st["primary"], st["secondary"]
     hi = max(max(m[key[0]]) for m in methods.values())

@@ -261,14 +261,10 @@ rows' 0.693-0.698 is ln 2, a coin toss in nats), ours is in bits.
 
 
 def table3_panels(plt, p):
-    lines, timed, scatter = [], [], []
-    for label, t in p["traces_first_split"].items():
-        svi, v = label.startswith("svi"), np.asarray(t["neg_elbo"], float)
-        v, start = (np.convolve(v, np.ones(100) / 100, mode="valid"), 100) if svi else (v, 1)
-        it = np.arange(start, start + len(v))
-        lines.append((it, v, label, "-" if svi else "-o"))
-        timed.append((it * t["per_iter_time"], v, label, "-" if svi else "-o"))
-    lo = min(v[-1] for _, v, _, _ in lines)
+    traces = p["traces_first_split"]
+    traces = {k: t | {"kind": "svi" if k.startswith("svi") else ""} for k, t in traces.items()}
+    lines, timed = (D.objective_lines(traces, 100, "neg_elbo", t, False) for t in (False, True))
+    lo, scatter = min(v[-1] for _, v, _, _ in lines), []
     obj = {"log": "xy", "ylim": (lo * 0.98, lo * 4)}
     obj["ylabel"] = "-ELBO, own objective (SVI: 100-step mean)"
     for m in dict.fromkeys(r["method"] for r in p["rows"] if r["method"] != "svi-best"):

@@ -7,6 +7,8 @@ threshold's first iteration and loop time compared with the best SVI setting's (
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 from numpyro.optim import Adam
 
@@ -63,8 +65,8 @@ def run(spec: dict, st: dict) -> dict:
         for lr in st["svi_learning_rates"]:
             setting = f"{text}, Adam lr={lr:g}, Trace_ELBO" + (", float32" if f32 else "")
             label = f"svi-{g}-adam-{lr:g}" if g else f"svi-adam-{lr:g}"
-            m = D.SVIMethod(label, make, Adam(lr), rng_key=st["svi_rng_key"], setting=setting)
-            m.site, m.posterior_fn, m.float32 = spec.get("site"), post, f32
+            options = {"site": spec.get("site"), "posterior_fn": post, "float32": f32}
+            m = D.SVIMethod(label, make, Adam(lr), None, st["svi_rng_key"], setting, **options)
             entries.append(D.Entry(m, model, data, n_svi, grid, repeats=st["svi_repeats"]))
     fit, also = None, []
     if spec.get("fit", True):
@@ -80,24 +82,20 @@ def run(spec: dict, st: dict) -> dict:
         for label in ("autocvi", max(svis, key=lambda k: methods[k]["final"][key])):
             m = methods[label]
             m["elbo_mc"] = est(m["_run"].posterior_at(m["num_steps"]))
-    name = spec["cmd"].replace(":", "_")
-    payload = {"benchmark": name, "title": spec["title"], "settings": st}
-    payload.update(environment=D.environment(), reference=ref, autocvi_fit_defaults=fit)
-    payload.update(methods=methods, test_metric_label=spec.get("test_metric", (None,))[0])
-    payload["summary"] = summary(payload, spec.get("targets", True))
-    md, panels = markdown(spec, payload), spec.get("panels", elbo_panels)(payload)
-    D.write(name, payload, md, panels, spec["title"])
-    print(md)
-    return payload
+    out = {"title": spec["title"], "reference": ref, "autocvi_fit_defaults": fit}
+    out.update(methods=methods, test_metric_label=spec.get("test_metric", (None,))[0])
+    out["summary"] = summary(methods, st, spec.get("targets", True))
+    name, panels = spec["cmd"].replace(":", "_"), spec.get("panels", elbo_panels)
+    return D.publish(name, st, partial(markdown, spec), panels, spec["title"], **out)
 
 
-def summary(p, targets) -> dict:
+def summary(methods, st, targets) -> dict:
     """Per threshold: the SVI setting reaching it first, and the ratios of its cost to autocvi's
     (lower bounds, SVI's budget over autocvi's cost, when no SVI setting reaches it)."""
-    methods, n_svi = p["methods"], p["settings"]["svi_num_steps"]
+    n_svi = st["svi_num_steps"]
     svis = {k: m for k, m in methods.items() if m["kind"] == "svi"}
     cvi, out = methods["autocvi"], {}
-    for thr in map(str, p["settings"]["thresholds"]):
+    for thr in map(str, st["thresholds"]):
         first = {k: m["hits"][thr]["iterations"] for k, m in svis.items()}
         best = min(svis, key=lambda k: (first[k] is None, first[k] or 0, svis[k]["gap"]))
         s, c = svis[best]["hits"][thr], cvi["hits"][thr]
@@ -207,7 +205,7 @@ def markdown(spec, p) -> str:
 """
 
 
-def elbo_panels(p) -> list:
+def elbo_panels(plt, p) -> list:
     methods, ref, test = p["methods"], p["reference"], p["test_metric_label"]
     xlabel = "passes through the data (= iterations, full batch)"
     out = D.gap_panels(methods, ref, "elbo", "ELBO* - ELBO(q) [nats; floor 1e-3]", "passes", xlabel)

@@ -120,6 +120,12 @@ class Diagnostics:
             search refused in most of the last ``WINDOW`` iterations.
         hazards: the planner's warnings about approximations that can leave the
             fit far from the optimum (``Schedule.hazards``).
+        importance: how well q covers the posterior: the Pareto-k and effective
+            sample size of q's importance ratios
+            (:class:`autocvi.infer.importance.ImportanceCheck`; ``fit`` warns when
+            both say q misses posterior mass); None where it was not computed. It
+            judges q as an approximation, not the optimisation, so it does not
+            change ``trustworthy`` or ``converged``.
     """
 
     non_finite_elbo: list = field(default_factory=list)
@@ -135,6 +141,7 @@ class Diagnostics:
     stuck: list = field(default_factory=list)
     unhelpful: list = field(default_factory=list)
     hazards: list = field(default_factory=list)
+    importance: object = None
 
     @property
     def trustworthy(self) -> bool:

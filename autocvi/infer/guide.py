@@ -45,7 +45,7 @@ from jax.scipy.special import ndtri
 from ..analysis.constrained import Constrained, chain_moments, normal_chain, transform_sign
 from ..analysis.layout import site_posterior
 
-__all__ = ["CVIGuide", "marginal_quantiles", "marginal_moments", "NUM_DRAWS"]
+__all__ = ["CVIGuide", "joint_posteriors", "marginal_quantiles", "marginal_moments", "NUM_DRAWS"]
 
 # Draws of the Monte Carlo fallback, and its key (results are reproducible).
 NUM_DRAWS = 4000
@@ -77,17 +77,7 @@ class CVIGuide:
     @classmethod
     def from_fit(cls, result, model=None) -> CVIGuide:
         """The guide of an :func:`autocvi.fit` result."""
-        schedule, natural = result.schedule, result.state.natural
-        joint = []
-        for group in schedule.joint:
-            block = schedule.blocks.get(group.name)
-            lam = natural[group.name]
-            q_z = (
-                block.posterior(lam)
-                if block is not None
-                else site_posterior(schedule.nodes[group.name].layout, lam)
-            )
-            joint.append((group, q_z))
+        joint = joint_posteriors(result.schedule, result.state.natural)
         return cls(result.posterior, joint=joint, model=model)
 
     def __call__(self, *args, **kwargs) -> dict:
@@ -165,6 +155,22 @@ class CVIGuide:
 # --------------------------------------------------------------------------
 # Marginals of q
 # --------------------------------------------------------------------------
+
+
+def joint_posteriors(schedule, natural) -> list:
+    """``(group, q_z)`` per joint Gaussian group of ``schedule``: q over the group's
+    vector at the natural parameters ``natural`` (the engine state's)."""
+    out = []
+    for group in schedule.joint:
+        block = schedule.blocks.get(group.name)
+        lam = natural[group.name]
+        q_z = (
+            block.posterior(lam)
+            if block is not None
+            else site_posterior(schedule.nodes[group.name].layout, lam)
+        )
+        out.append((group, q_z))
+    return out
 
 
 def marginal_quantiles(q, probs, *, num_draws: int = NUM_DRAWS):

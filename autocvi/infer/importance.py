@@ -1,0 +1,245 @@
+"""After a fit: does q cover the posterior? Importance ratios and their Pareto tail.
+
+Draw ``S`` values ``theta_s`` from q and form the importance ratios
+``r_s = p(y, theta_s) / q(theta_s)``. Where q is close to the posterior they are nearly
+constant; where q misses posterior mass (too narrow, the wrong shape: a funnel, a skewed
+scale, a second mode) a few draws carry enormous ratios. Two numbers summarise them:
+
+* ``pareto_k``: the shape of a generalised Pareto distribution fitted to the ratios'
+  right tail. The ratios' variance is infinite beyond 0.5, and beyond 0.7 importance
+  sampling with q is unreliable (Yao, Vehtari, Simpson and Gelman, "Yes, but did it
+  work?: Evaluating variational inference", ICML 2018, Sec. 3; Vehtari, Simpson, Gelman,
+  Yao and Gabry, "Pareto smoothed importance sampling", JMLR 2024, Sec. 3). Estimated
+  by Zhang and Stephens' empirical-Bayes fit ("A new and efficient estimation method for
+  the generalized Pareto distribution", Technometrics 2009, Sec. 2) on the
+  ``M = min(S / 5, 3 sqrt(S))`` largest ratios, with the PSIS paper's weak prior on k.
+* ``ess``: the ratios' effective sample size over ``S``, ``(sum r)^2 / (S sum r^2)``:
+  1 when q is the posterior, small when a few draws carry the weight.
+
+k alone is scale-free: it reads 0.7 or more on ratios that are all within a factor of
+two of each other (a large-N GLM whose posterior's tails are barely heavier than
+Gaussian: ess 0.999), and on good fits of models with a hundred coordinates, where
+small per-coordinate differences add up (ess 0.1-0.2; measured on the model zoo against
+NUTS, ``docs/limitations.md``). ``fit`` therefore warns only when both say q misses
+posterior mass: ``pareto_k > 0.7`` and ``ess < 0.05``. The numbers are on
+``result.diagnostics`` either way.
+
+Skipped (no claim) for models with discrete latents (q's assignments are mean-field
+over every data point, so the ratios measure their number, not q's quality), subsampled
+plates (``p`` would need the full data), integrated conditionals, and masked members of
+joint groups (q's density over the elements the model masks out is not separable).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
+from numpyro import handlers
+from numpyro.infer.util import log_density
+
+from ..jaxpr import structural_jit
+from .convergence import FitWarning
+
+__all__ = [
+    "ImportanceCheck",
+    "pareto_k",
+    "effective_sample_fraction",
+    "log_importance_ratios",
+    "check_importance",
+    "K_LIMIT",
+    "ESS_LIMIT",
+    "NUM_DRAWS",
+]
+
+# fit warns when both hold (module docstring): the Pareto tail is heavy (Yao et al. 2018,
+# Sec. 3; PSIS paper, Sec. 3) and fewer than 5% of the draws carry the weight.
+K_LIMIT = 0.7
+ESS_LIMIT = 0.05
+NUM_DRAWS = 4000
+_BATCH = 250
+# Zhang and Stephens' grid size is m = 30 + sqrt(n); the prior on b scales with the
+# first quartile (their Sec. 2); the PSIS paper's prior on k: n_0 = 10 at k_0 = 0.5.
+_PRIOR_B = 3.0
+_PRIOR_K_WEIGHT = 10.0
+_PRIOR_K = 0.5
+
+
+def pareto_k(log_ratios) -> float:
+    """The estimated generalised-Pareto shape of the ratios' right tail (module docstring).
+
+    ``log_ratios``: ``log p(y, theta_s) - log q(theta_s)`` for draws ``theta_s ~ q``
+    (any constant offset cancels). NaN when fewer than 25 ratios are finite; ``inf``
+    when some ratio is ``+inf``.
+    """
+    lr = np.asarray(log_ratios, np.float64).ravel()
+    if np.any(lr == np.inf):
+        return float("inf")
+    lr = lr[np.isfinite(lr)]
+    s = lr.size
+    if s < 25:
+        return float("nan")
+    tail = int(np.ceil(min(0.2 * s, 3.0 * np.sqrt(s))))
+    lr = np.sort(lr)
+    # Exceedances over the threshold (the largest ratio below the tail), scaled so
+    # that the largest ratio is 1: the shape does not depend on the scale.
+    ratios = np.exp(lr - lr[-1])
+    x = ratios[-tail:] - ratios[-tail - 1]
+    x = np.maximum(x, 0.0)
+    if x[int(tail / 4 + 0.5) - 1] <= 0:
+        # A quarter of the tail ties with the threshold: the ratios are constant up to
+        # rounding (q is the posterior), which has no Pareto tail.
+        return 0.0
+    return _zhang_stephens_shape(x)
+
+
+def _zhang_stephens_shape(x) -> float:
+    """Zhang and Stephens (2009) posterior-mean estimate of the GPD shape of ``x`` (sorted,
+    non-negative exceedances), with the PSIS paper's prior on the shape.
+
+    The GPD is parameterised by ``theta = -k / sigma``; the profile likelihood of
+    ``theta`` is ``n (log(-theta / k(theta)) - k(theta) - 1)`` with ``k(theta) =
+    mean(log(1 - theta x))`` (their Eq. 5-6); theta's posterior mean over a grid of
+    quantile-spaced values gives ``k = mean(log(1 - theta_hat x))``.
+    """
+    n = x.size
+    grid = 30 + int(np.sqrt(n))
+    quartile = x[int(n / 4 + 0.5) - 1]
+    theta = 1.0 / x[-1] + (1.0 - np.sqrt(grid / (np.arange(1, grid + 1) - 0.5))) / (
+        _PRIOR_B * quartile
+    )
+    k_of = np.mean(np.log1p(-theta[:, None] * x[None, :]), axis=1)
+    log_lik = n * (np.log(-theta / k_of) - k_of - 1.0)
+    weights = np.exp(log_lik - np.logaddexp.reduce(log_lik))
+    theta_hat = float(np.sum(theta * weights))
+    k = float(np.mean(np.log1p(-theta_hat * x)))
+    return (n * k + _PRIOR_K_WEIGHT * _PRIOR_K) / (n + _PRIOR_K_WEIGHT)
+
+
+def log_importance_ratios(model, data: dict, params: dict, guide, rng_key, num_draws: int):
+    """``log p(y, theta_s) - log q(theta_s)`` for ``num_draws`` draws from ``guide``'s q.
+
+    ``guide``: a :class:`~autocvi.infer.guide.CVIGuide` (joint groups drawn together, their
+    density on the members' values by the group's change of variables); ``params``: the
+    model's ``numpyro.param`` values. One compiled program, vectorised over the draws.
+    """
+    fixed = handlers.substitute(model, data=dict(params)) if params else model
+
+    def one(key, arrays):
+        keys = jax.random.split(key, len(guide.joint) + len(guide.posterior))
+        values, log_q = {}, 0.0
+        for k, (group, q_z) in zip(keys, guide.joint):
+            z = q_z.sample(k)
+            values.update(group.values(z))
+            log_q = log_q + q_z.log_prob(z) - group.log_abs_det_jacobian(z)
+        single = {}
+        for k, (name, q) in zip(keys[len(guide.joint) :], guide.posterior.items()):
+            if name not in values:
+                values[name] = q.sample(k)
+                single[name] = q.log_prob(values[name])
+        log_p, model_trace = log_density(fixed, (), {**data, **arrays}, values)
+        for name, lq in single.items():
+            # Elements the model masks out (``obs_mask``'s unobserved part covers every
+            # element) are not in p: they are left out of q's density too.
+            mask = _site_mask(model_trace[name])
+            if mask is not None:
+                lq = jnp.where(jnp.broadcast_to(mask, jnp.shape(lq)), lq, 0.0)
+            log_q = log_q + jnp.sum(lq)
+        for group, _ in guide.joint:
+            if any(_site_mask(model_trace[m.name]) is not None for m in group.members):
+                raise _NoClaim(f"masked member of the joint group {group.name!r}")
+        return log_p - log_q
+
+    # The data arrays enter as arguments, not as constants folded into the program.
+    arrays = {k: v for k, v in data.items() if isinstance(v, (np.ndarray, jax.Array))}
+    # Vectorised over batches of draws, the batches in sequence: memory stays at a
+    # batch's draws times the data, not all the draws'.
+    batches = -(-num_draws // _BATCH)
+    keys = jax.random.split(rng_key, batches * _BATCH)
+    keys = keys.reshape((batches, _BATCH) + keys.shape[1:])
+
+    # Runs once per fit: compiled for a short compilation (most of the check's cost).
+    @structural_jit(runs_once=True)
+    def ratios(keys, arrays):
+        return jax.lax.map(lambda ks: jax.vmap(one, in_axes=(0, None))(ks, arrays), keys)
+
+    return np.asarray(ratios(keys, arrays)).ravel()[:num_draws]
+
+
+def _site_mask(site):
+    """The elementwise mask of a sample site's distribution (``obs_mask``,
+    ``handlers.mask``), or None."""
+    fn = site["fn"]
+    while isinstance(fn, dist.Independent):
+        fn = fn.base_dist
+    mask = getattr(fn, "_mask", None) if isinstance(fn, dist.MaskedDistribution) else None
+    return None if mask is None or mask is True else mask
+
+
+class _NoClaim(Exception):
+    """q's density over the model's latent elements is not available: no check."""
+
+
+@dataclass(frozen=True)
+class ImportanceCheck:
+    """q's importance ratios summarised (module docstring): ``pareto_k``, ``ess`` (the
+    effective sample size over the number of draws) and ``num_draws``."""
+
+    pareto_k: float
+    ess: float
+    num_draws: int
+
+    @property
+    def misses_posterior(self) -> bool:
+        """Both the tail and the weights say q misses posterior mass."""
+        return bool(self.pareto_k > K_LIMIT and self.ess < ESS_LIMIT)
+
+
+def effective_sample_fraction(log_ratios) -> float:
+    """``(sum r)^2 / (S sum r^2)`` of the ratios ``r = exp(log_ratios)`` (non-finite
+    ones count as zero weight); NaN when none is finite."""
+    lr = np.asarray(log_ratios, np.float64).ravel()
+    finite = lr[np.isfinite(lr)]
+    if finite.size == 0:
+        return float("nan")
+    w = np.exp(finite - finite.max())
+    return float(w.sum() ** 2 / (w @ w) / lr.size)
+
+
+def check_importance(model, data: dict, schedule, guide, params: dict, rng_key):
+    """An :class:`ImportanceCheck` of ``guide``'s q, or None where the check does not
+    apply (module docstring)."""
+    graph = schedule.user_graph or schedule.graph
+    if (
+        schedule.integrated
+        or any(f.subsampled for f in schedule.factors.values())
+        or any(v.discrete for v in graph.variables.values() if not v.observed)
+    ):
+        return None
+    try:
+        ratios = log_importance_ratios(model, data, params, guide, rng_key, NUM_DRAWS)
+    except Exception:  # noqa: BLE001 - a q or model numpyro cannot evaluate so: no claim
+        return None
+    return ImportanceCheck(pareto_k(ratios), effective_sample_fraction(ratios), NUM_DRAWS)
+
+
+def warn_importance(check: ImportanceCheck | None):
+    """A :class:`FitWarning` when ``check`` says q misses posterior mass."""
+    if check is None or not check.misses_posterior:
+        return
+    warnings.warn(
+        f"q misses part of the posterior: of {check.num_draws} draws from q, a few carry "
+        f"most of the importance weight p/q (effective sample size {check.ess:.1%} of "
+        f"them; Pareto-k of the weights' tail {check.pareto_k:.2f}, above {K_LIMIT}: "
+        "Yao et al. 2018). q's means and sds can be far off: typically a funnel (a "
+        "centred hierarchy or latent volatility with its scale), a skewed scale, or "
+        "latents q keeps independent that the posterior couples. Compare with NUTS, or "
+        "reparameterise (a non-centred hierarchy). result.diagnostics.importance holds "
+        "the numbers.",
+        FitWarning,
+        stacklevel=3,
+    )
