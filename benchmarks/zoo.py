@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 
 import numpy as np
 
@@ -108,8 +109,13 @@ def run_one(name, quick=False) -> dict:
         # ``wall_time`` is the loop (its first chunk compiles); the rest of a call is
         # trace + plan + the compiles of init and the final ELBO estimate.
         t = time.perf_counter()
-        res = autocvi.fit(model, data, progress_bar=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", autocvi.FitWarning)
+            res = autocvi.fit(model, data, progress_bar=False)
         out["cold_seconds"] = time.perf_counter() - t
+        out["fit_warnings"] = [
+            str(w.message) for w in caught if issubclass(w.category, autocvi.FitWarning)
+        ]
         out["cold_loop_seconds"] = float(res.wall_time)
         t = time.perf_counter()
         warm = autocvi.fit(model, data, progress_bar=False)
@@ -138,6 +144,9 @@ def run_one(name, quick=False) -> dict:
     )
     out["max_abs_z"], out["mean_abs_z"], out["median_sd_ratio"] = _z(name, draws, ref, data)
     out["elbo"] = float(res.elbo_final)
+    check = res.diagnostics.importance
+    if check is not None:
+        out["importance"] = {"pareto_k": check.pareto_k, "ess": check.ess}
     best = (ref.get("svi") or {}).get("elbo_best")
     out["svi_elbo_best"] = best
     out["elbo_minus_svi_best"] = None if best is None else out["elbo"] - best
@@ -270,6 +279,24 @@ def _reach(label, r):
     )
 
 
+def _importance(label, r):
+    check = r.get("importance")
+    if check is None:
+        return "—"
+    return f"{check['pareto_k']:.2f} / {100 * check['ess']:.1f}%"
+
+
+def _warned(label, r):
+    """Which after-fit checks warned (the coupling check, the importance check)."""
+    messages = r.get("fit_warnings") or []
+    kinds = [
+        kind
+        for kind, text in (("coupling", "couples them"), ("importance", "misses part"))
+        if any(text in m for m in messages)
+    ]
+    return ", ".join(kinds) or "—"
+
+
 def _speedup(r):
     svi = r.get("svi") or {}
     if svi.get("seconds_to_reach") is None or not r.get("warm_seconds"):
@@ -291,6 +318,8 @@ COLUMNS = [
     ("SVI s to autocvi's ELBO", _reach, None),
     ("SVI max abs z", _svi("max_abs_z"), ".3f"),
     ("speed-up (SVI s / warm s)", lambda k, r: _speedup(r), ".3g"),
+    ("importance: Pareto-k / ESS", _importance, None),
+    ("after-fit warnings", _warned, None),
     ("q's family represents the posterior", _family, None),
     (
         "bars met",
@@ -323,7 +352,10 @@ reference's best SVI/Laplace ELBO (`svi.elbo_best`). Cold: the first `fit` in th
 AutoMultivariateNormal + Adam at the reference's best learning rate for its step count, one
 fused `lax.scan` (compile excluded), a 500-particle ELBO at 50 checkpoints; "SVI s to
 autocvi's ELBO" is the first checkpoint at or above autocvi's ELBO. Speed-up = SVI's seconds
-to autocvi's ELBO / autocvi's warm seconds.
+to autocvi's ELBO / autocvi's warm seconds. Importance: `result.diagnostics.importance`, the
+Pareto-k and effective sample size of q's importance ratios over 4,000 draws; after-fit
+warnings: which of `fit`'s checks of q warned (the coupling check, the importance check:
+k > 0.7 and ESS < 5%; `docs/limitations.md`).
 
 **Summary**: {len(all_met)} of {len(res)} models ({100 * len(all_met) / max(len(res), 1):.0f}%) meet
 every bar that applies ({BARS}, where q's family can represent the posterior; where it
