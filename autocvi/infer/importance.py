@@ -26,8 +26,11 @@ posterior mass: ``pareto_k > 0.7`` and ``ess < 0.05``. The numbers are on
 
 Skipped (no claim) for models with discrete latents (q's assignments are mean-field
 over every data point, so the ratios measure their number, not q's quality), subsampled
-plates (``p`` would need the full data), integrated conditionals, and masked members of
-joint groups (q's density over the elements the model masks out is not separable).
+plates (``p`` would need the full data), integrated conditionals, masked members of
+joint groups (q's density over the elements the model masks out is not separable), q
+with more than :data:`MAX_COORDINATES` coordinates, and data so large that even
+:data:`MIN_DRAWS` draws would cost more than :data:`MAX_WORK` element evaluations of the
+log joint (below that, the draws shrink from :data:`NUM_DRAWS` to fit it).
 """
 
 from __future__ import annotations
@@ -61,7 +64,11 @@ __all__ = [
 K_LIMIT = 0.7
 ESS_LIMIT = 0.05
 NUM_DRAWS = 4000
+MIN_DRAWS = 1000
+MAX_WORK = 400_000_000  # draws times data elements
+MAX_COORDINATES = 5000
 _BATCH = 250
+_BATCH_WORK = 10_000_000  # draws times data elements held at once
 # Zhang and Stephens' grid size is m = 30 + sqrt(n); the prior on b scales with the
 # first quartile (their Sec. 2); the PSIS paper's prior on k: n_0 = 10 at k_0 = 0.5.
 _PRIOR_B = 3.0
@@ -158,9 +165,11 @@ def log_importance_ratios(model, data: dict, params: dict, guide, rng_key, num_d
     arrays = {k: v for k, v in data.items() if isinstance(v, (np.ndarray, jax.Array))}
     # Vectorised over batches of draws, the batches in sequence: memory stays at a
     # batch's draws times the data, not all the draws'.
-    batches = -(-num_draws // _BATCH)
-    keys = jax.random.split(rng_key, batches * _BATCH)
-    keys = keys.reshape((batches, _BATCH) + keys.shape[1:])
+    size = sum(int(np.size(v)) for v in arrays.values())
+    batch = int(np.clip(_BATCH_WORK // max(size, 1), 1, _BATCH))
+    batches = -(-num_draws // batch)
+    keys = jax.random.split(rng_key, batches * batch)
+    keys = keys.reshape((batches, batch) + keys.shape[1:])
 
     # Runs once per fit: compiled for a short compilation (most of the check's cost).
     @structural_jit(runs_once=True)
@@ -220,11 +229,20 @@ def check_importance(model, data: dict, schedule, guide, params: dict, rng_key):
         or any(v.discrete for v in graph.variables.values() if not v.observed)
     ):
         return None
+    latent = sum(int(np.prod(q.shape())) for q in guide.posterior.values())
+    data_size = sum(int(np.size(v)) for v in data.values() if isinstance(v, np.ndarray | jax.Array))
+    # Each draw evaluates the whole log joint: fewer draws for large data, none where
+    # even MIN_DRAWS would cost more than MAX_WORK element evaluations, or where q has
+    # more than MAX_COORDINATES coordinates (its ratios' ESS then measures the
+    # dimension more than q's fit).
+    num_draws = min(NUM_DRAWS, MAX_WORK // max(data_size, 1))
+    if latent > MAX_COORDINATES or num_draws < MIN_DRAWS:
+        return None
     try:
-        ratios = log_importance_ratios(model, data, params, guide, rng_key, NUM_DRAWS)
+        ratios = log_importance_ratios(model, data, params, guide, rng_key, num_draws)
     except Exception:  # noqa: BLE001 - a q or model numpyro cannot evaluate so: no claim
         return None
-    return ImportanceCheck(pareto_k(ratios), effective_sample_fraction(ratios), NUM_DRAWS)
+    return ImportanceCheck(pareto_k(ratios), effective_sample_fraction(ratios), num_draws)
 
 
 def warn_importance(check: ImportanceCheck | None):
