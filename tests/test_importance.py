@@ -62,7 +62,9 @@ def _constant_ratio_fit(model, data):
     guide = CVIGuide(
         result.posterior, joint=joint_posteriors(result.schedule, result.state.natural)
     )
-    ratios = log_importance_ratios(model, data, {}, guide, jax.random.PRNGKey(0), 2000)
+    ratios = log_importance_ratios(
+        model, data, {}, lambda _: guide, {}, jax.random.PRNGKey(0), 2000
+    )
     return result, ratios
 
 

@@ -347,9 +347,10 @@ def fit(
     }
     if check:
         warn_mean_field_coupling(model, data or {}, schedule, posterior, params)
-        guide = CVIGuide(posterior, joint=joint_posteriors(schedule, state.natural))
         key = jax.random.fold_in(rng_key, _PARETO_KEY)
-        diagnostics.importance = check_importance(model, data or {}, schedule, guide, params, key)
+        diagnostics.importance = check_importance(
+            model, data or {}, schedule, _guide_of(schedule), state.natural, params, key
+        )
         warn_importance(diagnostics.importance)
     return FitResult(
         posterior=posterior,
@@ -695,6 +696,16 @@ def _default_validation(d):
         vars(inner).pop("_validate_args", None)  # the class attribute holds the default
         inner = getattr(inner, "base_dist", None)
     return d
+
+
+def _guide_of(schedule: Schedule):
+    """``natural -> CVIGuide``: q as a guide, traceable (the importance check builds it
+    inside its compiled program)."""
+
+    def build(natural):
+        return CVIGuide(_posterior_of(schedule, natural), joint=joint_posteriors(schedule, natural))
+
+    return build
 
 
 def _checked_posterior_of(schedule: Schedule, natural):

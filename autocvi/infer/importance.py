@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro
 import numpyro.distributions as dist
 from numpyro import handlers
 from numpyro.infer.util import log_density
@@ -127,16 +128,22 @@ def _zhang_stephens_shape(x) -> float:
     return (n * k + _PRIOR_K_WEIGHT * _PRIOR_K) / (n + _PRIOR_K_WEIGHT)
 
 
-def log_importance_ratios(model, data: dict, params: dict, guide, rng_key, num_draws: int):
-    """``log p(y, theta_s) - log q(theta_s)`` for ``num_draws`` draws from ``guide``'s q.
+def log_importance_ratios(
+    model, data: dict, params: dict, guide_of, natural, rng_key, num_draws: int
+):
+    """``log p(y, theta_s) - log q(theta_s)`` for ``num_draws`` draws from q.
 
-    ``guide``: a :class:`~autocvi.infer.guide.CVIGuide` (joint groups drawn together, their
-    density on the members' values by the group's change of variables); ``params``: the
-    model's ``numpyro.param`` values. One compiled program, vectorised over the draws.
+    ``guide_of(natural)``: q as a :class:`~autocvi.infer.guide.CVIGuide` at the engine's
+    natural parameters ``natural`` (joint groups drawn together, their density on the
+    members' values by the group's change of variables), built inside the compiled
+    program: built eagerly, every small op of q's construction compiles on its own
+    (seconds of a cold fit). ``params``: the model's ``numpyro.param`` values. One
+    compiled program, vectorised over the draws.
     """
     fixed = handlers.substitute(model, data=dict(params)) if params else model
 
-    def one(key, arrays):
+    def one(key, arrays, natural):
+        guide = guide_of(natural)
         keys = jax.random.split(key, len(guide.joint) + len(guide.posterior))
         values, log_q = {}, 0.0
         for k, (group, q_z) in zip(keys, guide.joint):
@@ -173,10 +180,14 @@ def log_importance_ratios(model, data: dict, params: dict, guide, rng_key, num_d
 
     # Runs once per fit: compiled for a short compilation (most of the check's cost).
     @structural_jit(runs_once=True)
-    def ratios(keys, arrays):
-        return jax.lax.map(lambda ks: jax.vmap(one, in_axes=(0, None))(ks, arrays), keys)
+    def ratios(keys, arrays, natural):
+        draws = jax.vmap(one, in_axes=(0, None, None))
+        return jax.lax.map(lambda ks: draws(ks, arrays, natural), keys)
 
-    return np.asarray(ratios(keys, arrays)).ravel()[:num_draws]
+    # Validation is off while q is built from traced values (nothing to check eagerly).
+    with numpyro.validation_enabled(False):
+        out = ratios(keys, arrays, natural)
+    return np.asarray(out).ravel()[:num_draws]
 
 
 def _site_mask(site):
@@ -219,9 +230,10 @@ def effective_sample_fraction(log_ratios) -> float:
     return float(w.sum() ** 2 / (w @ w) / lr.size)
 
 
-def check_importance(model, data: dict, schedule, guide, params: dict, rng_key):
-    """An :class:`ImportanceCheck` of ``guide``'s q, or None where the check does not
-    apply (module docstring)."""
+def check_importance(model, data: dict, schedule, guide_of, natural, params: dict, rng_key):
+    """An :class:`ImportanceCheck` of q (``guide_of(natural)``, as
+    :func:`log_importance_ratios`), or None where the check does not apply (module
+    docstring)."""
     graph = schedule.user_graph or schedule.graph
     if (
         schedule.integrated
@@ -229,7 +241,7 @@ def check_importance(model, data: dict, schedule, guide, params: dict, rng_key):
         or any(v.discrete for v in graph.variables.values() if not v.observed)
     ):
         return None
-    latent = sum(int(np.prod(q.shape())) for q in guide.posterior.values())
+    latent = sum(int(np.prod(node.layout.shape)) for node in schedule.nodes.values())
     data_size = sum(int(np.size(v)) for v in data.values() if isinstance(v, np.ndarray | jax.Array))
     # Each draw evaluates the whole log joint: fewer draws for large data, none where
     # even MIN_DRAWS would cost more than MAX_WORK element evaluations, or where q has
@@ -239,7 +251,7 @@ def check_importance(model, data: dict, schedule, guide, params: dict, rng_key):
     if latent > MAX_COORDINATES or num_draws < MIN_DRAWS:
         return None
     try:
-        ratios = log_importance_ratios(model, data, params, guide, rng_key, num_draws)
+        ratios = log_importance_ratios(model, data, params, guide_of, natural, rng_key, num_draws)
     except Exception:  # noqa: BLE001 - a q or model numpyro cannot evaluate so: no claim
         return None
     return ImportanceCheck(pareto_k(ratios), effective_sample_fraction(ratios), num_draws)
