@@ -133,7 +133,7 @@ def test_wide_logistic_regression_keeps_no_d_by_d_matrix():
     # The posterior is a correct fixed point: the ELBO's gradient w.r.t. the
     # sites' mean parameters vanishes, i.e. another full step changes nothing.
     sites = result.state.natural["w"]
-    again, _, _ = block.update(sites, 1.0)
+    again, _, _, _ = block.update(sites, 1.0)
     for f in sites:
         np.testing.assert_allclose(again[f][0], sites[f][0], atol=1e-6)
         np.testing.assert_allclose(again[f][1], sites[f][1], atol=1e-6)
@@ -234,3 +234,70 @@ def test_sunspots_random_walk_equals_dense_engine():
     np.testing.assert_allclose(m_b, m_d, rtol=1e-8, atol=1e-8)
     np.testing.assert_allclose(c_b, c_d, rtol=1e-8, atol=1e-8)
     np.testing.assert_allclose(e_b, e_d, rtol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "model, data, name",
+    [
+        (logistic, _logistic_data(60, 8), "w"),
+        (random_walk_poisson, _random_walk_data(50)[0], "x"),
+    ],
+)
+def test_line_search_trial_handed_to_the_next_step_changes_nothing(model, data, name):
+    # GaussianBlock.update keeps the accepted sites' ELBO and target; the next step
+    # starts from them when it starts from those sites. Oracle: the same steps with no
+    # cache, each computing its own start.
+    block = autocvi.plan(model, data).blocks[name]
+    assert block.cacheable
+    with_cache = jax.jit(block.update)
+    without = jax.jit(lambda s, b: block.update(s, b)[:3])
+    a = b = block.init_sites()
+    cache = block.empty_cache(a)
+    hits = 0
+    for _ in range(8):
+        hits += int(
+            all(
+                bool(jnp.all(x == y))
+                for x, y in zip(
+                    jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(cache["sites"])
+                )
+            )
+        )
+        a, elbo_a, step_a, cache = with_cache(a, 1.0, None, cache)
+        b, elbo_b, step_b = without(b, 1.0)
+        np.testing.assert_allclose(elbo_a, elbo_b, rtol=1e-12)
+        assert float(step_a) == float(step_b)
+        for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+            np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
+        # the step returns the sites it keeps in the cache bit for bit, with
+        # their fresh ELBO and target: the next step will use them
+        for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(cache["sites"])):
+            assert bool(jnp.all(x == y))
+        fresh_elbo, fresh_target = block._value_and_target(a)
+        np.testing.assert_allclose(cache["elbo"], fresh_elbo, rtol=1e-12)
+        for x, y in zip(
+            jax.tree_util.tree_leaves(cache["target"]),
+            jax.tree_util.tree_leaves(fresh_target),
+        ):
+            np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
+    assert hits == 7  # the cache was used on every step after the first
+
+
+def test_update_on_new_data_does_not_step_towards_the_old_datas_target():
+    # CVI.update may be called with new data each time (streaming): the block's cached
+    # trial belongs to the old data and must not be used.
+    old, new = _logistic_data(60, 8, seed=0), _logistic_data(60, 8, seed=10)
+    cvi = autocvi.CVI(logistic)
+    state = cvi.init(jax.random.PRNGKey(0), **old)
+    for _ in range(3):
+        state, _ = cvi.update(state, **old)
+    stepped, elbo = cvi.update(state, **new)
+    # oracle: the same update on the new data from a state with no cache at all
+    bare = state._replace(state=state.state._replace(block_cache={}))
+    expected, expected_elbo = cvi.update(bare, **new)
+    np.testing.assert_allclose(elbo, expected_elbo, rtol=1e-12)
+    for x, y in zip(
+        jax.tree_util.tree_leaves(stepped.state.natural),
+        jax.tree_util.tree_leaves(expected.state.natural),
+    ):
+        np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)

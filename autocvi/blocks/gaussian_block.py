@@ -184,33 +184,30 @@ class GaussianBlock:
         means, variances = self._split(marginals.mean), self._split(marginals.var)
         return sum(_gh_expectation(t, means[t.factor], variances[t.factor]) for t in self.terms)
 
-    def update(self, sites, beta, key=None):
-        """One CVI step on the sites: lam_n <- (1 - beta) lam_n + beta g_n (CVI Alg. 1).
+    @property
+    def cacheable(self) -> bool:
+        """Whether a step's direction is a function of the sites alone (no term's gradient
+        is a sampling estimate), so the line search's trial can hand it to the next step."""
+        return not any(t.sampled for t in self.terms)
+
+    def empty_cache(self, sites) -> dict:
+        """A :meth:`update` cache that matches no sites (NaN never equals anything)."""
+        nan = jax.tree_util.tree_map(lambda x: jnp.full_like(x, jnp.nan), sites)
+        zero = jnp.zeros((), jnp.result_type(float))
+        return {"sites": nan, "elbo": zero, "target": nan}
+
+    def _value_and_target(self, sites, key=None):
+        """The block's ELBO term at ``sites`` and the CVI step's target sites there.
 
         ``g_n`` is the natural gradient of the expected log likelihood of
         element n w.r.t. the mean parameters ``(m_n, m_n^2 + v_n)`` of its
         predictor: ``lam2 = dE/dv``, ``lam1 = dE/dm - 2 m dE/dv`` (CVI App. B.1).
-        Sites with positive curvature (``lam2 > 0``: a non-log-concave
-        likelihood) are clipped at zero precision, which the function-space solver
-        needs, unless the block keeps signed sites (:attr:`signed_sites`: a DLM
-        objective, whose optimum has them wherever an observation lies outside its
-        predictive spread); non-finite messages leave their site unchanged.
-
-        Safeguard: the step is halved (up to 12 times) while it would lower the
-        ELBO or make it non-finite, and dropped if no halving helps. Returns
-        the new sites, the block's ELBO term at them and the step taken (0: refused). A full
-        CVI step is a Newton step on each predictor, which from far away
-        overshoots for exp-like likelihoods (a Poisson rate exp(eta) with counts
-        in the thousands); the safeguard makes every step an ascent step.
-
-        ``key``: the draws of an objective whose gradient is a sampling estimate (DLM's
-        bMC or uPS); the values the line search compares are deterministic.
         """
         marginals, _ = self.solve(sites)
         lam1_old, lam2_old = self._stacked(sites)
         means, variances = self._split(marginals.mean), self._split(marginals.var)
         # The expected log likelihood and its gradients in one pass over the nodes (the
-        # value is the old ELBO's first term: a separate evaluation cost a fifth of a step).
+        # value is the ELBO's first term: a separate evaluation cost a fifth of a step).
         expected, target = 0.0, {}
         for k, t in enumerate(self.terms):
             m, v = means[t.factor], variances[t.factor]
@@ -229,9 +226,62 @@ class GaussianBlock:
             old1, old2 = sites[t.factor]
             ok = jnp.isfinite(lam1) & jnp.isfinite(lam2)
             target[t.factor] = (jnp.where(ok, lam1, old1), jnp.where(ok, lam2, old2))
-        old_elbo = expected - gs.kl_from_sites(marginals, lam1_old, lam2_old)
         if any(t.mean_only for t in self.terms):
             target = self._mean_newton_targets(target, means, variances)
+        return expected - gs.kl_from_sites(marginals, lam1_old, lam2_old), target
+
+    def update(self, sites, beta, key=None, cache=None):
+        """One CVI step on the sites: lam_n <- (1 - beta) lam_n + beta g_n (CVI Alg. 1),
+        with ``g_n`` from :meth:`_value_and_target`.
+
+        Sites with positive curvature (``lam2 > 0``: a non-log-concave
+        likelihood) are clipped at zero precision, which the function-space solver
+        needs, unless the block keeps signed sites (:attr:`signed_sites`: a DLM
+        objective, whose optimum has them wherever an observation lies outside its
+        predictive spread); non-finite messages leave their site unchanged.
+
+        Safeguard: the step is halved (up to 12 times) while it would lower the
+        ELBO or make it non-finite, and dropped if no halving helps. A full
+        CVI step is a Newton step on each predictor, which from far away
+        overshoots for exp-like likelihoods (a Poisson rate exp(eta) with counts
+        in the thousands); the safeguard makes every step an ascent step.
+
+        ``cache`` (:meth:`empty_cache`, for a :attr:`cacheable` block): the line
+        search evaluates its candidates with the gradient too, and keeps the
+        accepted one's. When the next step starts from exactly those sites (as it
+        does inside a run), it starts from the cached ELBO and target instead of
+        solving and integrating again: one pass over the data per step instead of
+        two (logistic regression, N = 683, D = 11: 0.26 -> 0.20 ms a step). The cache assumes the block's data did not change
+        between the two steps (a step on new data whose sites equal the cached
+        ones takes one step towards the old data's target; the line search still
+        makes it an ascent step, and the next step is fresh).
+
+        ``key``: the draws of an objective whose gradient is a sampling estimate (DLM's
+        bMC or uPS); the values the line search compares are deterministic.
+
+        Returns the new sites, the block's ELBO term at them, the step taken (0:
+        refused) and the new cache (None without ``cache``).
+        """
+        if cache is None:
+            old_elbo, target = self._value_and_target(sites, key)
+        else:
+            same = jnp.all(
+                jnp.stack(
+                    [
+                        jnp.all(a == b)
+                        for a, b in zip(
+                            jax.tree_util.tree_leaves(sites),
+                            jax.tree_util.tree_leaves(cache["sites"]),
+                            strict=True,
+                        )
+                    ]
+                )
+            )
+            old_elbo, target = jax.lax.cond(
+                same,
+                lambda: (cache["elbo"], cache["target"]),
+                lambda: self._value_and_target(sites, key),
+            )
 
         def mix(b):
             return {
@@ -251,17 +301,37 @@ class GaussianBlock:
         def bad(value):
             return ~jnp.isfinite(value) | (value < old_elbo - slack)
 
-        def halve(carry):
-            b, k, _ = carry
-            return 0.5 * b, k + 1, self.elbo(mix(0.5 * b))
+        def evaluate(candidate):
+            if cache is None:
+                return self.elbo(candidate), None
+            return self._value_and_target(candidate)
+
+        # One loop evaluates every candidate, the full step (k = -1) and each halving:
+        # the block's ELBO appears once in the compiled step, not once per call site.
+        def attempt(carry):
+            b, k, *_ = carry
+            b = jnp.where(k < 0, b, 0.5 * b)
+            candidate = mix(b)
+            return (b, k + 1, *evaluate(candidate), candidate)
 
         b0 = jnp.asarray(beta, old_elbo.dtype)
-        b, _, value = jax.lax.while_loop(
-            lambda c: (c[1] < 12) & bad(c[2]), halve, (b0, 0, self.elbo(mix(b0)))
+        start = (b0, jnp.asarray(-1, jnp.int32), old_elbo, None if cache is None else target, sites)
+        b, _, value, new_target, candidate = jax.lax.while_loop(
+            lambda c: (c[1] < 0) | ((c[1] < 12) & bad(c[2])), attempt, start
         )
         accept = ~bad(value)
-        step = jnp.where(accept, b, 0.0)
-        return mix(step), jnp.where(accept, value, old_elbo), step
+        value = jnp.where(accept, value, old_elbo)
+
+        def kept(new, old):
+            return jax.tree_util.tree_map(lambda n, o: jnp.where(accept, n, o), new, old)
+
+        out = kept(candidate, sites)
+        new_cache = None
+        if cache is not None:
+            # The sites returned, bit for bit, with their ELBO and target: the next step
+            # starts from them.
+            new_cache = {"sites": out, "elbo": value, "target": kept(new_target, target)}
+        return out, value, jnp.where(accept, b, 0.0), new_cache
 
     def _mean_newton_targets(self, target, means, variances):
         """Targets of the terms whose reward reads the predictor's mean only (square-loss

@@ -64,6 +64,10 @@ class CVIState(NamedTuple):
     # Per subsampled plate, ``(order, cursor)``: a random order of its elements and
     # where the next minibatch starts in it (random reshuffling, see next_batches).
     plate_order: dict = {}
+    # Per Gaussian block whose step direction depends on its sites alone, the line
+    # search's accepted sites with their ELBO and target (GaussianBlock.update): the
+    # next step starts from them when it starts from those sites.
+    block_cache: dict = {}
 
 
 class CVIInfo(NamedTuple):
@@ -476,7 +480,11 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             learned,
             empty_site_memory(natural),
             first_orders(jax.random.fold_in(rng_key, 2)),
+            empty_block_cache(natural),
         )
+
+    def empty_block_cache(natural) -> dict:
+        return {n: block.empty_cache(natural[n]) for n, block in blocks.items() if block.cacheable}
 
     def empty_site_memory(natural) -> dict:
         """No site seen yet: the first visit of an element adds its whole site."""
@@ -552,12 +560,17 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         block_elbos = {}
         step_sizes, halvings = {}, {}
         sites = dict(state.sites)
+        block_cache = dict(state.block_cache)
         for i in schedule.order:
             node = nodes[i]
             if i in blocks:
                 beta = schedule.block_step_size
                 sub = jax.random.fold_in(sweep_key, _ESTIMATOR_STREAM + len(block_elbos))
-                lam[i], block_elbos[i], taken = blocks[i].update(lam[i], beta, sub)
+                lam[i], block_elbos[i], taken, cache = blocks[i].update(
+                    lam[i], beta, sub, block_cache.get(i)
+                )
+                if cache is not None:
+                    block_cache[i] = cache
                 # The step taken is recorded where the gradients are sampled (a refused
                 # sampled step is not an ascent direction: the run's diagnostics say so);
                 # a deterministic block's refusals happen at its optimum (ties in rounding).
@@ -633,6 +646,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             iteration=state.iteration + 1,
             sites=sites,
             plate_order=orders,
+            block_cache=block_cache,
         )
         return new_state, CVIInfo(value, step_sizes, halvings)
 

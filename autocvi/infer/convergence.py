@@ -141,6 +141,7 @@ class Diagnostics:
     stuck: list = field(default_factory=list)
     unhelpful: list = field(default_factory=list)
     hazards: list = field(default_factory=list)
+    # an ImportanceCheck (typed loosely: autocvi.infer.importance imports this module)
     importance: object = None
 
     @property

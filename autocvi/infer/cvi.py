@@ -222,11 +222,8 @@ class CVI:
         if init_state is None:
             state = self._compiled(plan, "init")(_as_key(rng_key), inputs)
         else:
-            state = init_state.state
-            # The engine caches the messages that depend on the data only: recompute
-            # them for these data.
-            consts = self._compiled(plan, "constants")(inputs, state.params)
-            state = state._replace(constant_messages=consts)
+            # The engine caches what depends on the data: recompute it for these data.
+            state = self._for_data(plan, init_state.state, inputs)
         schedule = plan.schedule
         exact = schedule.deterministic
         subsampled = any(f.subsampled for f in schedule.factors.values())
@@ -460,11 +457,16 @@ class CVI:
             self._plans.pop(next(iter(self._plans)))
         return plan
 
+    def _for_data(self, plan, state, inputs):
+        """``state`` with what the engine caches from the data recomputed for ``inputs``:
+        the messages that depend on the data only (constant messages), and no Gaussian
+        block's line-search trial (``CVIState.block_cache``: ``update`` may be called
+        with new data each time, as in streaming)."""
+        consts, cache = self._compiled(plan, "constants")(inputs, state.params)
+        return state._replace(constant_messages=consts, block_cache=cache)
+
     def _step(self, plan, state, inputs, beta, block_beta):
-        # The engine caches the messages that depend on the data only (constant
-        # messages): recompute them for these data.
-        consts = self._compiled(plan, "constants")(inputs, state.state.params)
-        engine_state = state.state._replace(constant_messages=consts)
+        engine_state = self._for_data(plan, state.state, inputs)
         dtype = jnp.result_type(float)
         return self._compiled(plan, "step")(
             engine_state, inputs, jnp.asarray(beta, dtype), jnp.asarray(block_beta, dtype)
@@ -493,7 +495,8 @@ def _compile(plan: _Plan, what):
     def constants(inputs, learned):
         # At the learned params' current values (init reads them from the schedule).
         with _Bound(schedule, {**inputs, **learned}):
-            return algorithm.init(jax.random.PRNGKey(0)).constant_messages
+            fresh = algorithm.init(jax.random.PRNGKey(0))
+        return fresh.constant_messages, fresh.block_cache
 
     if what == "constants":
         return structural_jit(constants)
