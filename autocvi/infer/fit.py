@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -445,8 +446,7 @@ def run_loop(
     run_chunk = (
         runner if runner is not None else _chunk_runner(step, tol, deterministic, subsampled)
     )
-    elbos: list[float] = []
-    converged = False
+    log = _RunLog()
     start = time.perf_counter()
     bar = None
     if progress_bar and num_steps > 1:
@@ -454,44 +454,26 @@ def run_loop(
 
         bar = tqdm(total=num_steps, desc="CVI", leave=False)
     history = jnp.full((2 * _WINDOW,), jnp.nan)
-    sizes: dict = {}
-    halvings: dict = {}
-    previous, hold = None, jnp.zeros((), jnp.int32)
-    while len(elbos) < num_steps and not converged:
-        remaining = jnp.asarray(num_steps - len(elbos), jnp.int32)
-        state, history, values, done, (step_sizes, step_halvings), mean = run_chunk(
-            state, history, remaining, hold
+    previous = None
+    while len(log.elbos) < num_steps and not log.converged:
+        remaining = jnp.asarray(num_steps - len(log.elbos), jnp.int32)
+        state, history, values, done, steps, mean = run_chunk(
+            state, history, remaining, jnp.asarray(log.hold, jnp.int32)
         )
-        values, done = np.asarray(values), np.asarray(done)
-        # Inactive iterations report NaN; active ones a finite ELBO or -inf.
-        ran = int(np.sum(~np.isnan(values)))
-        elbos.extend(float(v) for v in values[:ran])
-        for n, b in step_sizes.items():
-            sizes.setdefault(n, []).extend(np.asarray(b)[:ran].tolist())
-            halvings.setdefault(n, []).extend(np.asarray(step_halvings[n])[:ran].tolist())
-        converged = ran > 0 and bool(done[ran - 1])
-        if converged and shift is not None and previous is not None:
-            # The ELBO can sit on a plateau while q still drifts along it (a
-            # funnel's neck, a saddle): converged only if q's means, averaged
-            # over this chunk, stayed within MOVE_LIMIT sd of the previous
-            # chunk's. Otherwise run a whole chunk before the rule may stop again.
-            moved = float(shift(mean, previous))
-            if moved > MOVE_LIMIT:
-                converged = False
-                hold = jnp.asarray(_CHUNK, jnp.int32)
+        moved = None
+        if shift is not None and previous is not None:
+            moved = functools.partial(shift, mean, previous)
+        ran = _record_chunk(log, values, done, steps, moved)
         previous = mean
         if bar is not None:
             bar.update(ran)
-            if elbos:
-                bar.set_postfix_str(f"elbo {elbos[-1]:.4f}")
+            if log.elbos:
+                bar.set_postfix_str(f"elbo {log.elbos[-1]:.4f}")
         if ran == 0:
             break
     if bar is not None:
         bar.close()
-    steps = StepLog(
-        {n: np.asarray(v, float) for n, v in sizes.items()},
-        {n: np.asarray(v, int) for n, v in halvings.items()},
-    )
+    elbos, converged, steps = log.elbos, log.converged, log.step_log()
     return state, np.asarray(elbos), converged, time.perf_counter() - start, steps
 
 
@@ -599,9 +581,9 @@ def _stack(*xs):
 
 
 @dataclass
-class _RestartLog:
-    """One vmapped restart's record in :func:`run_restarts_loop`: what ``run_loop``
-    keeps for a single fit (ELBOs, step sizes, the convergence hold)."""
+class _RunLog:
+    """What :func:`run_loop` keeps of a run, and :func:`run_restarts_loop` of each
+    restart: ELBOs, step sizes, the convergence hold."""
 
     elbos: list = field(default_factory=list)
     sizes: dict = field(default_factory=dict)
@@ -626,12 +608,12 @@ def run_restarts_loop(runner, state, num_steps: int, shift=None, progress_bar=Fa
     ``run_loop`` gives it alone.
 
     Returns:
-        ``(state, logs, seconds)``: ``logs`` one :class:`_RestartLog` per restart.
+        ``(state, logs, seconds)``: ``logs`` one :class:`_RunLog` per restart.
     """
     if num_steps < 1:
         raise ValueError(f"num_steps must be at least 1, got {num_steps}")
     size = jax.tree_util.tree_leaves(state)[0].shape[0]
-    logs = [_RestartLog() for _ in range(size)]
+    logs = [_RunLog() for _ in range(size)]
     start = time.perf_counter()
     bar = None
     if progress_bar and num_steps > 1:
@@ -650,7 +632,10 @@ def run_restarts_loop(runner, state, num_steps: int, shift=None, progress_bar=Fa
         steps = jax.tree_util.tree_map(np.asarray, steps)
         for k, log in enumerate(logs):
             if not log.finished:
-                ran = _record_chunk(log, k, values, done, steps, mean, previous, shift)
+                moved = None
+                if shift is not None and previous is not None:
+                    moved = functools.partial(_restart_shift, shift, mean, previous, k)
+                ran = _record_chunk(log, values[k], done[k], _restart(steps, k), moved)
                 log.finished = log.converged or ran == 0 or len(log.elbos) >= num_steps
                 if bar is not None:
                     bar.update(ran)
@@ -662,22 +647,32 @@ def run_restarts_loop(runner, state, num_steps: int, shift=None, progress_bar=Fa
     return state, logs, time.perf_counter() - start
 
 
-def _record_chunk(log, k, values, done, steps, mean, previous, shift) -> int:
-    """Restart ``k``'s part of a vmapped chunk into ``log``, as ``run_loop`` records a
-    chunk (the ``MOVE_LIMIT`` check included); returns the iterations it ran."""
-    ran = int(np.sum(~np.isnan(values[k])))
-    log.elbos.extend(float(v) for v in values[k, :ran])
+def _record_chunk(log, values, done, steps, moved=None) -> int:
+    """One run's chunk (the chunk runner's outputs, unbatched) into ``log``; returns the
+    iterations it ran. ``moved``: None, or ``() -> how far q's chunk-averaged means moved
+    since the previous chunk`` (:func:`gaussian_shift`), called only when it decides."""
+    values, done = np.asarray(values), np.asarray(done)
+    # Inactive iterations report NaN; active ones a finite ELBO or -inf.
+    ran = int(np.sum(~np.isnan(values)))
+    log.elbos.extend(float(v) for v in values[:ran])
     step_sizes, halvings = steps
     for n, b in step_sizes.items():
-        log.sizes.setdefault(n, []).extend(b[k, :ran].tolist())
-        log.halvings.setdefault(n, []).extend(halvings[n][k, :ran].tolist())
-    log.converged = ran > 0 and bool(done[k, ran - 1])
-    if log.converged and shift is not None and previous is not None:
-        # As run_loop: converged only if q's chunk-averaged means stayed put.
-        if float(shift(_restart(mean, k), _restart(previous, k))) > MOVE_LIMIT:
+        log.sizes.setdefault(n, []).extend(np.asarray(b)[:ran].tolist())
+        log.halvings.setdefault(n, []).extend(np.asarray(halvings[n])[:ran].tolist())
+    log.converged = ran > 0 and bool(done[ran - 1])
+    if log.converged and moved is not None:
+        # The ELBO can sit on a plateau while q still drifts along it (a funnel's
+        # neck, a saddle): converged only if q's means, averaged over this chunk,
+        # stayed within MOVE_LIMIT sd of the previous chunk's. Otherwise run a whole
+        # chunk before the rule may stop again.
+        if float(moved()) > MOVE_LIMIT:
             log.converged = False
             log.hold = _CHUNK
     return ran
+
+
+def _restart_shift(shift, mean, previous, k):
+    return shift(_restart(mean, k), _restart(previous, k))
 
 
 def _chunk_average_where(runner, state, mask):
