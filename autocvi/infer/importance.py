@@ -175,18 +175,20 @@ def log_importance_ratios(
     size = sum(int(np.size(v)) for v in arrays.values())
     batch = int(np.clip(_BATCH_WORK // max(size, 1), 1, _BATCH))
     batches = -(-num_draws // batch)
-    keys = jax.random.split(rng_key, batches * batch)
-    keys = keys.reshape((batches, batch) + keys.shape[1:])
 
-    # Runs once per fit: compiled for a short compilation (most of the check's cost).
+    # Runs once per fit: compiled for a short compilation (most of the check's cost). The
+    # keys are split inside: split eagerly, they compiled a program of their own (0.17 s
+    # of a cold fit).
     @structural_jit(runs_once=True)
-    def ratios(keys, arrays, natural):
+    def ratios(rng_key, arrays, natural):
+        keys = jax.random.split(rng_key, batches * batch)
+        keys = keys.reshape((batches, batch) + keys.shape[1:])
         draws = jax.vmap(one, in_axes=(0, None, None))
         return jax.lax.map(lambda ks: draws(ks, arrays, natural), keys)
 
     # Validation is off while q is built from traced values (nothing to check eagerly).
     with numpyro.validation_enabled(False):
-        out = ratios(keys, arrays, natural)
+        out = ratios(rng_key, arrays, natural)
     return np.asarray(out).ravel()[:num_draws]
 
 

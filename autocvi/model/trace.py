@@ -594,6 +594,20 @@ def _shape_hint(value_shape: tuple, var: VariableNode) -> str:
     )
 
 
+def _in_support(fn, value):
+    """``fn.support(value)``, as one compiled program when jit can take the distribution
+    (eagerly, each of the constraint's primitives compiles on its own)."""
+    try:
+        return _support_check(fn, value)
+    except Exception:  # noqa: BLE001 - not a pytree, or a constraint jit cannot trace
+        return fn.support(value)
+
+
+@structural_jit(runs_once=True)
+def _support_check(fn, value):
+    return fn.support(value)
+
+
 def _check_observed_value(site: dict, var: VariableNode) -> None:
     value = site["value"]
     if var.distribution == "Unit":
@@ -628,7 +642,7 @@ def _check_observed_value(site: dict, var: VariableNode) -> None:
                 f"`with numpyro.handlers.mask(mask=jnp.isfinite(y)):`."
             )
     try:
-        inside = np.broadcast_to(np.asarray(fn.support(value), dtype=bool), batch_shape)
+        inside = np.broadcast_to(np.asarray(_in_support(fn, value), dtype=bool), batch_shape)
     except Exception:  # a constraint without a check, or an odd shape: nothing to say
         return
     bad = np.argwhere(~inside & batch_mask)
