@@ -374,7 +374,7 @@ def fit(
     }
     if check:
         warn_mean_field_coupling(model, data or {}, schedule, posterior, params)
-        key = jax.random.fold_in(rng_key, _PARETO_KEY)
+        key = jax.random.fold_in(rng_key, _IMPORTANCE_KEY)
         diagnostics.importance = check_importance(
             model, data or {}, schedule, _guide_of(schedule), state.natural, params, key
         )
@@ -397,8 +397,8 @@ def fit(
     )
 
 
-# Folded into rng_key for the draws of the Pareto-k check (not the fit's own draws).
-_PARETO_KEY = 0x5A7E
+# Folded into rng_key for the draws of the importance check (not the fit's own draws).
+_IMPORTANCE_KEY = 0x5A7E
 
 # Iterations per compiled chunk; the convergence window (kept under its old
 # name for the benchmarks' drivers).
