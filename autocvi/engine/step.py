@@ -214,7 +214,8 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         return _symmetric(lay, jax.grad(expected)(mus[i]))
 
     def gaussian_message(fplan, i, lam, mus, key, fixed):
-        """Bonnet/Price: (E[grad f] - E[H] m, E[H]/2) for Normal / MVN nodes."""
+        """Bonnet/Price: (E[grad f] - E[H] m, E[H]/2) for Normal / MVN nodes, with
+        ``E[H]`` by :func:`_expected_hessian` (right for kinked log densities too)."""
         key, sub = jax.random.split(key)
         tensor, drawn = point_sets(fplan, lam, mus, key, skip=i)
         lay = layouts[i]
@@ -231,11 +232,11 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             h = _hessian(f, x, lay, separable)
             return g, h
 
-        g, h = jax.vmap(per_sample)(jnp.arange(num_samples))
-        g, h = jnp.mean(g, 0), jnp.mean(h, 0)
+        gs_, hs = jax.vmap(per_sample)(jnp.arange(num_samples))
         m = mus[i][0]
+        g = jnp.mean(gs_, 0)
+        h = _expected_hessian(lay, xs, m, -2.0 * lam[i][1], gs_, hs)
         if lay.q_family == "MultivariateNormal":
-            h = 0.5 * (h + jnp.swapaxes(h, -1, -2))
             return (g - jnp.einsum("...ij,...j->...i", h, m), 0.5 * h)
         return (g - h * m, 0.5 * h)
 
@@ -889,6 +890,34 @@ def _valid(fam, lam, batch_shape):
         extra = tuple(range(len(batch_shape), leaf.ndim))
         ok = ok & (jnp.all(finite, axis=extra) if extra else finite)
     return ok
+
+
+def _expected_hessian(lay, xs, m, precision, grads, hessians):
+    """``E_q[hess f]`` from draws ``xs`` of q (mean ``m``, ``precision``), with ``f``'s
+    gradients and pointwise Hessians there: Stein's identity
+    ``E[hess f] = P E[(x - m) grad f^T]`` with the pointwise Hessians as control variate,
+
+        H = P mean((x - m) g^T) - (P mean((x - m)(x - m)^T) - I) mean(h).
+
+    The control variate has mean zero (``E[(x - m)(x - m)^T] = P^-1``), so H is unbiased
+    for any ``f`` whose gradient has bounded variation, kinks included; the mean of the
+    pointwise Hessians alone is not: a Laplace prior's ``-|w| / b`` has Hessian 0 almost
+    everywhere, and its curvature (``2 N(0 | m, s^2) / b``, a point mass at the kink) never
+    reached q (a scalar Laplace-prior model's q had the likelihood's sd alone, 1.9x the best
+    Gaussian's, reported converged). For a quadratic ``f`` H is exact whatever the draws
+    (the pointwise Hessian is then constant), as the mean of the Hessians was; for smooth
+    ``f`` the two differ by terms of third order in ``x - m``.
+    """
+    d = xs - m[None]
+    mean_h = jnp.mean(hessians, 0)
+    # Written as mean(h) + P mean((x - m) r^T) with the residual r = g - mean(h) (x - m):
+    # for a near-quadratic f the residual is small, so float32's rounding in P (a joint
+    # group's precision can be ill-conditioned) multiplies a small number.
+    if lay.q_family == "MultivariateNormal":
+        residual = grads - jnp.einsum("...ij,s...j->s...i", mean_h, d)
+        correction = precision @ jnp.mean(d[..., :, None] * residual[..., None, :], 0)
+        return mean_h + 0.5 * (correction + jnp.swapaxes(correction, -1, -2))
+    return mean_h + precision * jnp.mean(d * (grads - mean_h * d), 0)
 
 
 def _hessian(f, x, lay, separable):
