@@ -251,8 +251,9 @@ class GaussianBlock:
         accepted one's. When the next step starts from exactly those sites (as it
         does inside a run), it starts from the cached ELBO and target instead of
         solving and integrating again: one pass over the data per step instead of
-        two (logistic regression, N = 683, D = 11: 0.26 -> 0.20 ms a step). The cache assumes the block's data did not change
-        between the two steps (a step on new data whose sites equal the cached
+        two (logistic regression, N = 683, D = 11: 0.26 -> 0.20 ms a step when it was
+        introduced). The cache assumes the block's data did not change between the two
+        steps (a step on new data whose sites equal the cached
         ones takes one step towards the old data's target; the line search still
         makes it an ascent step, and the next step is fresh).
 
