@@ -75,7 +75,7 @@ def grid_fit(block, max_steps, tol):
             return (c[1] < max_steps) & ((c[1] < 2) | ~small)
 
         def body(c):
-            sites, elbo, _ = blk.update(c[0], 1.0)  # (sites, ELBO, step taken)
+            sites, elbo, _, _ = blk.update(c[0], 1.0)  # (sites, ELBO, step taken, cache)
             return sites, c[1] + 1, c[3], elbo
 
         start = (blk.init_sites(K.dtype), 0, -jnp.asarray(jnp.inf, K.dtype), jnp.inf)
