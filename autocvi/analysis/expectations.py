@@ -26,7 +26,15 @@ import numpy as np
 
 from .layout import LatentLayout
 
-__all__ = ["Alignment", "PointSet", "moment_point_set", "sample_point_set", "expect", "alignment"]
+__all__ = [
+    "Alignment",
+    "PointSet",
+    "moment_point_set",
+    "sample_point_set",
+    "expect",
+    "alignment",
+    "spherical_radial",
+]
 
 
 @dataclass(frozen=True)
@@ -149,3 +157,48 @@ def expect(log_density: Callable, point_sets: dict[str, PointSet], fixed: dict) 
 GH_ORDER = 32
 GH_NODES, GH_WEIGHTS = (np.asarray(a) for a in np.polynomial.hermite_e.hermegauss(GH_ORDER))
 GH_WEIGHTS = GH_WEIGHTS / np.sqrt(2.0 * np.pi)
+
+
+def spherical_radial(rest: Callable, mean, cov):
+    """``(E, g, H)``: ``E[l(eta_n)]``, ``E[grad l]``, ``E[hess l]`` per row ``n`` under
+    ``eta_n ~ N(mean_n, cov_n)``, by the third-degree spherical-radial cubature rule.
+
+    ``rest(eta) -> (N,)`` with ``eta`` of shape ``(N, K)`` and element ``n`` reading row
+    ``n`` only (a vector linear predictor's rest); ``mean``: ``(N, K)``; ``cov``:
+    ``(N, K, K)``. The rule: ``2K`` points ``mean_n +- sqrt(K) L_n e_j`` with ``L_n
+    L_n^T = cov_n`` and equal weights ``1/(2K)`` (Arasaratnam & Haykin, "Cubature
+    Kalman Filters", IEEE Trans. Automatic Control 54(6), 2009, Sec. IV; the unscented
+    transform with kappa = 0, Julier & Uhlmann 1997). It integrates every polynomial
+    of total degree <= 3 exactly, so ``E`` is exact for cubic ``l``, ``g`` for quartic
+    and ``H`` for quintic ``l``. ``L_n`` is a symmetric eigen-square-root with negative
+    eigenvalues (rounding of a singular ``cov``) clipped at zero: any square root gives
+    the same degree.
+
+    ``g`` and ``H`` are the rule applied to the gradient and Hessian (Bonnet's and
+    Price's theorems: ``dE/dmean = E[grad l]``, ``dE/dcov = E[hess l]/2``), the targets
+    of a Gaussian's natural parameters in CVI (Khan & Lin 2017, App. B.1) blockwise per
+    row; they are not the derivatives of the rule's ``E``, which would carry the rule's
+    error in ``L``'s derivative. The Hessian blocks are ``K`` Jacobian-vector products
+    of the gradient with one basis vector broadcast over the rows (the rows are
+    independent, so one product gives column ``k`` of every row's block).
+    """
+    n, k = mean.shape
+    s, q = jnp.linalg.eigh(0.5 * (cov + jnp.swapaxes(cov, -1, -2)))
+    root = q * jnp.sqrt(jnp.maximum(s, 0.0))[..., None, :]  # (N, K, K), root root^T = cov
+    unit = jnp.concatenate([jnp.eye(k), -jnp.eye(k)]).astype(mean.dtype) * np.sqrt(k)
+    points = mean[None] + jnp.einsum("nij,pj->pni", root, unit)  # (2K, N, K)
+
+    def total(eta):
+        return jnp.sum(rest(eta))
+
+    grad = jax.grad(total)
+    eye = jnp.eye(k, dtype=mean.dtype)
+
+    def at(eta):
+        value = rest(eta)
+        g = grad(eta)
+        cols = jax.vmap(lambda e: jax.jvp(grad, (eta,), (jnp.broadcast_to(e, eta.shape),))[1])(eye)
+        return value, g, jnp.moveaxis(cols, 0, -1)  # (N,), (N, K), (N, K, K)
+
+    values, gs, hs = jax.vmap(at)(points)
+    return jnp.mean(values, 0), jnp.mean(gs, 0), jnp.mean(hs, 0)

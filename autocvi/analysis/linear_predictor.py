@@ -37,7 +37,7 @@ from jax.extend.core import Jaxpr
 
 from ..jaxpr import CUSTOM_DERIVATIVE, PLAIN_CALLS, bind, call_body, interpret, structural_jit
 
-__all__ = ["LinearPredictor", "find_linear_predictor"]
+__all__ = ["LinearPredictor", "find_linear_predictor", "find_vector_predictor"]
 
 
 class LinearPredictor(NamedTuple):
@@ -61,6 +61,11 @@ class LinearPredictor(NamedTuple):
     # 1-D rule instead of an outer rule over an inner one.
     point_fn: Callable[[Any, dict], Any] | None = None
     residual_var_fn: Callable[[dict], Any] | None = None
+    # None: one scalar predictor per output element (the Gauss-Hermite split). K: a
+    # *vector* predictor, ``eta_fn(values)`` of shape ``out.shape + (K,)`` and output
+    # element ``i`` depending on the row ``eta[i, :]`` only (a softmax's logits per
+    # observation: find_vector_predictor); its messages use a K-dim cubature rule.
+    vector_size: int | None = None
 
     def point_rest(self, values: dict) -> tuple[Callable, Any]:
         """``(l, r)`` with ``E_{eta ~ N(m, v)}[rest_fn(eta, values)] =
@@ -342,6 +347,95 @@ def _diag_rule(e: _Eqn, cls: list[int], g: _Graph, shape=()) -> list[int]:
     return [DIAG if ok else OTHER]
 
 
+# Row-wise analysis of the rest w.r.t. a vector predictor: ROW means "the value's shape
+# starts with the output's shape and its element ``[i, ...]`` depends only on the row
+# ``eta[i, :]``". A softmax likelihood's log density reduces each row of logits
+# (logsumexp), then picks the observed class out of it (take_along_axis, a gather whose
+# batching dimensions are the leading axes): both keep rows apart.
+ROW = AFFINE
+
+_ROW_REDUCTIONS = frozenset(
+    {
+        "reduce_sum",
+        "reduce_max",
+        "reduce_min",
+        "reduce_prod",
+        "reduce_and",
+        "reduce_or",
+        "argmax",
+        "argmin",
+    }
+)
+
+
+def _row_rule(e: _Eqn, cls: list[int], g: _Graph, shape=()) -> list[int]:
+    name = e.prim.name
+    n_out = len(e.outs)
+    if all(c == CONST for c in cls):
+        return [CONST] * n_out
+    if any(c == OTHER for c in cls):
+        return [OTHER] * n_out
+    if name in CUSTOM_DERIVATIVE:
+        out = _custom_rule(e, cls, _row_rule, shape=shape)
+        return out if out is not None else [OTHER] * n_out
+    nd = len(shape)
+    in_shapes = [tuple(_aval_of(g, r).shape) for r, c in zip(e.ins, cls) if c == ROW]
+    if n_out != 1 or e.outs[0] < 0:
+        return [OTHER] * n_out
+    out_shape = tuple(g.avals[e.outs[0]].shape)
+    if tuple(out_shape[:nd]) != tuple(shape) or any(sh[:nd] != tuple(shape) for sh in in_shapes):
+        return [OTHER]
+    p = e.params
+    row_first = cls[0] == ROW and all(c == CONST for c in cls[1:])
+    ok = False
+    if name in _ELEMENTWISE or name == "stop_gradient":
+        # size-1 axes broadcast (lax does so implicitly); the row axes are equal (above)
+        ok = all(
+            len(sh) == len(out_shape) and all(a in (b, 1) for a, b in zip(sh, out_shape))
+            for sh in in_shapes
+        )
+    elif name in _ROW_REDUCTIONS:
+        ok = all(a >= nd for a in p["axes"])
+    elif name == "broadcast_in_dim":
+        dims = tuple(p["broadcast_dimensions"])
+        ok = row_first and dims[:nd] == tuple(range(nd))
+    elif name == "reshape":  # row-major order keeps each row's block when the prefix stays
+        ok = row_first and p.get("dimensions") is None
+    elif name in ("squeeze", "expand_dims"):
+        ok = all(d >= nd for d in p["dimensions"])
+    elif name == "transpose":
+        ok = tuple(p["permutation"])[:nd] == tuple(range(nd))
+    elif name == "concatenate":
+        ok = p["dimension"] >= nd
+    elif name in ("slice", "rev", "cumsum", "cumlogsumexp", "cummax", "cummin"):
+        if name == "slice":
+            ok = tuple(p["start_indices"][:nd]) == (0,) * nd and (
+                p["strides"] is None or tuple(p["strides"][:nd]) == (1,) * nd
+            )
+        elif name == "rev":
+            ok = all(d >= nd for d in p["dimensions"])
+        else:
+            ok = p["axis"] >= nd
+    elif name == "gather":  # take_along_axis over the last axis: the rows are batch axes
+        dn = p["dimension_numbers"]
+        ok = (
+            row_first
+            and tuple(dn.operand_batching_dims) == tuple(range(nd))
+            and tuple(dn.start_indices_batching_dims) == tuple(range(nd))
+            and all(d >= nd for d in dn.offset_dims)
+            and all(d >= nd for d in dn.start_index_map)
+        )
+    elif name == "dot_general":  # rows times a constant matrix, contracted over the row
+        (lc, _rc), (lb, rb) = p["dimension_numbers"]
+        ok = (
+            row_first
+            and all(d >= nd for d in lc)
+            and tuple(lb) in ((), tuple(range(nd)))
+            and len(lb) == len(rb)
+        )
+    return [ROW if ok else OTHER]
+
+
 # --------------------------------------------------------------------------
 # Dominators
 # --------------------------------------------------------------------------
@@ -388,16 +482,35 @@ def find_linear_predictor(
     does not depend on the target at all.  Results are cached per ``fn``
     object and value shapes/dtypes.
     """
+    return _cached(fn, values, target, vector=False)
+
+
+def find_vector_predictor(
+    fn: Callable[[dict], Any], values: dict, target: str
+) -> LinearPredictor | None:
+    """Split ``fn`` into an affine *vector* predictor of ``values[target]`` and the rest.
+
+    Like :func:`find_linear_predictor`, but ``eta`` has the output's shape plus one
+    trailing axis of size K >= 2 and each output element depends only on its own row
+    ``eta[i, :]`` (a categorical likelihood's logits ``X @ W``, one K-vector per
+    observation; ``vector_size = K``). ``None`` where rows mix (a normalisation over
+    observations) or no such ``eta`` dominates the output. The row-wise rest is proven
+    structurally (:func:`_row_rule`) and checked by JVPs with tangents on one row.
+    """
+    return _cached(fn, values, target, vector=True)
+
+
+def _cached(fn, values, target, vector: bool) -> LinearPredictor | None:
     if target not in values:
         raise KeyError(f"target {target!r} is not a key of values")
-    sig = _signature(values, target)
+    sig = (_signature(values, target), vector)
     try:
         per_fn = _CACHE.get(fn)
     except TypeError:  # not weak-referenceable / hashable
         per_fn = None
     if per_fn is not None and sig in per_fn:
         return per_fn[sig]
-    result, cacheable = _find(fn, values, target)
+    result, cacheable = _find(fn, values, target, vector)
     if cacheable:
         try:
             _CACHE.setdefault(fn, {})[sig] = result
@@ -406,7 +519,7 @@ def find_linear_predictor(
     return result
 
 
-def _find(fn, values, target) -> tuple[LinearPredictor | None, bool]:
+def _find(fn, values, target, vector=False) -> tuple[LinearPredictor | None, bool]:
     leaves, treedef = jax.tree_util.tree_flatten(values)
     keyed = jax.tree_util.tree_flatten_with_path(values)[0]
     t_idx = [
@@ -442,17 +555,24 @@ def _find(fn, values, target) -> tuple[LinearPredictor | None, bool]:
     # abstract values or consts (inside an outer trace): structural check only
     concrete = cacheable and not any(isinstance(x, jax.core.Tracer) for x in leaves)
     for v in cands:
-        if cls[v] != AFFINE or tuple(g.avals[v].shape) != shape or not _is_float(g.avals[v]):
+        v_shape = tuple(g.avals[v].shape)
+        if vector:  # out.shape + (K,), K >= 2 (K = 1 is the scalar split's case)
+            fits = len(v_shape) == len(shape) + 1 and v_shape[:-1] == shape and v_shape[-1] >= 2
+        else:
+            fits = v_shape == shape
+        if cls[v] != AFFINE or not fits or not _is_float(g.avals[v]):
             continue
         if _taints_output(g, src, v, out):
             continue
-        lp = _build(g, v, out, src, t_idx, treedef, in_avals, values, target, shape, concrete)
+        lp = _build(
+            g, v, out, src, t_idx, treedef, in_avals, values, target, shape, concrete, vector
+        )
         if lp is not None:
             return lp, cacheable
     return None, cacheable
 
 
-def _build(g, v, out, src, t_idx, treedef, in_avals, values, target, shape, concrete):
+def _build(g, v, out, src, t_idx, treedef, in_avals, values, target, shape, concrete, vector):
     eta_plan = _live(g, [v])
     rest_plan = _live(g, [out], stop=frozenset({v}))
     rest_nodes = {o for k in rest_plan for o in g.eqns[k].outs} | {
@@ -462,14 +582,16 @@ def _build(g, v, out, src, t_idx, treedef, in_avals, values, target, shape, conc
         return None  # cannot happen for a dominator; be safe
     # Structural elementwise check of the rest w.r.t. eta.
     size = int(np.prod(shape, dtype=np.int64))
+    rule = _row_rule if vector else _diag_rule
     if size > 1:
         sub = _Graph()
         sub.avals, sub.consts, sub.inputs = g.avals, g.consts, g.inputs
         sub.eqns = [g.eqns[k] for k in rest_plan]
-        dcls = _classify(sub, {v: DIAG}, lambda e, c, gg: _diag_rule(e, c, gg, shape=shape))
+        dcls = _classify(sub, {v: DIAG}, lambda e, c, gg: rule(e, c, gg, shape=shape))
         if out != v and dcls[out] == OTHER:
             return None
     eta_aval = g.avals[v]
+    eta_shape = tuple(eta_aval.shape)
     n_leaves = len(in_avals)
 
     # Inputs the predictor or the rest actually read: a caller may leave out the
@@ -518,27 +640,36 @@ def _build(g, v, out, src, t_idx, treedef, in_avals, values, target, shape, conc
         env = base_env(leaves)
         env.pop(src, None)  # never read the target
         eta = jnp.asarray(eta, dtype=eta_aval.dtype)
-        if tuple(eta.shape) != shape:
+        if tuple(eta.shape) != eta_shape:
             raise ValueError(
-                f"eta shape {eta.shape} differs from {shape}; use jax.vmap for extra axes"
+                f"eta shape {eta.shape} differs from {eta_shape}; use jax.vmap for extra axes"
             )
         env[v] = eta
         return _eval(g, rest_plan, env, [out])[0]
 
-    if size > 1 and concrete and not _numeric_elementwise_ok(eta_fn, rest_fn, values, shape):
+    if size > 1 and concrete and not _numeric_elementwise_ok(eta_fn, rest_fn, values, eta_shape):
         return None
-    return LinearPredictor(eta_fn, rest_fn)
+    return LinearPredictor(eta_fn, rest_fn, vector_size=eta_shape[-1] if vector else None)
 
 
-def _numeric_elementwise_ok(eta_fn, rest_fn, values, shape) -> bool:
-    """Safety net: one-hot JVPs of ``rest_fn`` in eta stay on their element."""
-    size = int(np.prod(shape, dtype=np.int64))
+def _numeric_elementwise_ok(eta_fn, rest_fn, values, eta_shape) -> bool:
+    """Safety net: JVPs of ``rest_fn`` in eta with tangents on one output element (a
+    random direction in its row for a vector predictor) stay on that element."""
     rng = np.random.RandomState(0)
+    eta_shape = tuple(eta_shape)
+    probe = jax.eval_shape(eta_fn, values)
+    out_shape = tuple(jax.eval_shape(lambda v: rest_fn(eta_fn(v), v), values).shape)
+    del probe
+    width = int(np.prod(eta_shape[len(out_shape) :], dtype=np.int64))  # 1, or K
+    size = int(np.prod(out_shape, dtype=np.int64))
     pos = sorted({0, size - 1, *rng.randint(0, size, size=min(4, size)).tolist()})
-    tangents = np.zeros((len(pos), size))
-    tangents[np.arange(len(pos)), pos] = 1.0
-    tangents = tangents.reshape((len(pos), *shape))
-    noise = rng.randn(*shape)
+    tangents = np.zeros((len(pos), size, width))
+    tangents[np.arange(len(pos)), pos] = rng.randn(len(pos), width) if width > 1 else 1.0
+    tangents = tangents.reshape((len(pos), *eta_shape))
+    mask = np.ones((len(pos), size), bool)
+    mask[np.arange(len(pos)), pos] = False
+    mask = mask.reshape((len(pos), *out_shape))
+    noise = rng.randn(*eta_shape)
 
     # structural_jit, not jax.jit: a new closure per plan would recompile on every refit
     @structural_jit(runs_once=True)
@@ -551,7 +682,7 @@ def _numeric_elementwise_ok(eta_fn, rest_fn, values, shape) -> bool:
             def jvp(t1, eta=eta):
                 return jax.jvp(lambda e: rest_fn(e, vals), (eta,), (t1,))[1]
 
-            off = jnp.where(t == 0, jax.vmap(jvp)(t), 0.0)
+            off = jnp.where(jnp.asarray(mask), jax.vmap(jvp)(t), 0.0)
             bad = bad | jnp.any(jnp.isfinite(off) & (off != 0))
         return bad
 

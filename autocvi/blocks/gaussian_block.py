@@ -608,6 +608,8 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
     predictors = {}
     for fname in estimated:
         lp = factors[fname].linear_predictors.get(name)
+        if lp is not None and lp.vector_size is not None:
+            return None  # a block's sites are scalar per predictor element
         if lp is None:
             lp = _elementwise_predictor(factors[fname].log_density, values, name, lay)
         if lp is None:

@@ -24,8 +24,21 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ..analysis.expectations import PointSet, expect, moment_point_set, point_mass
-from ..model.message_kinds import EXACT, FISHER, GAUSS_HERMITE, MESSAGE_KINDS, MONTE_CARLO
+from ..analysis.expectations import (
+    PointSet,
+    expect,
+    moment_point_set,
+    point_mass,
+    spherical_radial,
+)
+from ..model.message_kinds import (
+    CUBATURE,
+    EXACT,
+    FISHER,
+    GAUSS_HERMITE,
+    MESSAGE_KINDS,
+    MONTE_CARLO,
+)
 from ..plan.schedule import FactorPlan, Schedule
 from .init import initial_natural
 
@@ -294,8 +307,36 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
 
         return per_point
 
+    def cubature_expected_fn(fplan, i, mu_i, key=None):
+        """Per-point log density with node i integrated out by K-dim cubature.
+
+        The factor sees node i only through a K-vector predictor per element,
+        ``eta_n = A_n z + b_n``, so E_q[f] = sum_n E_{N(eta_n | m_n, V_n)}[l_n(eta_n)]. Its
+        value is the spherical-radial rule's; its gradient w.r.t. (m_n, V_n) is the
+        rule's E[grad l_n], E[hess l_n]/2 (Bonnet/Price, :func:`_cubature_surrogate`),
+        which the chain rule through the predictor turns into the natural-gradient
+        message with K x K blocks (Khan & Lin 2017, App. B.1).
+        """
+        lay = layouts[i]
+        lp = fplan.linear_predictors[i]
+        m = mu_i[0]
+        cov = mu_i[1] - m[..., :, None] * m[..., None, :]
+
+        def per_point(values):
+            return _cubature_surrogate(lp, lay, i, m, cov, values)
+
+        return per_point
+
+    # The expectation of a factor over a linear predictor, per message kind.
+    predictor_expected = {
+        GAUSS_HERMITE.name: gh_expected_fn,
+        CUBATURE.name: cubature_expected_fn,
+    }
+    edge_kinds = {(f, n): k for n, node in nodes.items() for f, k in node.incoming}
+
     def gh_expectation(fplan, i, mu_i, tensor, drawn, fixed, key=None):
-        per_point = gh_expected_fn(fplan, i, mu_i, key)
+        expected_fn = predictor_expected.get(edge_kinds.get((fplan.name, i)), gh_expected_fn)
+        per_point = expected_fn(fplan, i, mu_i, key)
 
         def at(s):
             sets = dict(tensor)
@@ -342,6 +383,8 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
     # How each registered message kind is computed (autocvi.model.message_kinds).
     message_fns = {
         GAUSS_HERMITE.name: gauss_hermite_message,
+        # the same gradient of the predictor's expectation; gh_expectation picks the rule
+        CUBATURE.name: gauss_hermite_message,
         EXACT.name: exact_message,
         MONTE_CARLO.name: gaussian_message,
         FISHER.name: fisher_message,
@@ -491,10 +534,13 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         """No site seen yet: the first visit of an element adds its whole site."""
         out = {}
         for mem in schedule.site_memory:
-            zero = jnp.zeros((mem.plate.size,), jnp.result_type(float))
+            # scalar sites: (N,) and (N,); a K-vector predictor's: (N, K) and (N, K, K)
+            ev = tuple(mem.event_shape)
+            c1 = jnp.zeros((mem.plate.size, *ev), jnp.result_type(float))
+            c2 = jnp.zeros((mem.plate.size, *ev, *ev), jnp.result_type(float))
             seen = jnp.zeros((mem.plate.size,), bool)
             total = jax.tree_util.tree_map(jnp.zeros_like, natural[mem.node])
-            out[f"{mem.factor}->{mem.node}"] = (zero, zero, seen, total)
+            out[f"{mem.factor}->{mem.node}"] = (c1, c2, seen, total)
         return out
 
     def held_sites(state: CVIState) -> dict:
@@ -591,7 +637,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                     g = state.constant_messages[f"{fname}->{i}"]
                 elif fname in memory:
                     key_ = f"{fname}->{i}"
-                    g, sites[key_] = _memory_message(
+                    g, sites[key_] = _MEMORY_MESSAGES[memory[fname].kind](
                         factors[fname], layouts[i], i, lam[i], sites[key_], memory[fname], fixed
                     )
                     total = g if total is None else jax.tree_util.tree_map(jnp.add, total, g)
@@ -748,6 +794,105 @@ def _memory_message(fplan: FactorPlan, lay, node: str, lam, memory, plan, fixed)
     count = jnp.maximum(jnp.sum(seen), 1).astype(c1.dtype)
     estimate = jax.tree_util.tree_map(lambda t: t * (plan.plate.size / count), total)
     return estimate, (c1_all.at[idx].set(c1), c2_all.at[idx].set(c2), seen, total)
+
+
+def _vector_moments(lp, lay, node: str, m, cov, values):
+    """``(mean, var, shape)``: each row's mean ``(N, K)`` and covariance ``(N, K, K)`` of
+    a K-vector predictor ``eta = J x + b`` (shape ``shape``) under ``x ~ N(m, cov)``.
+
+    ``eta`` is affine in ``x``, so its linear part is the same at every point: it is
+    linearised once at zero and applied to ``m``, to the columns of ``cov`` and to the
+    unit vectors, which costs D predictor evaluations each (a sparse GP's ``u @ A.T``:
+    D K m B multiply-adds) where the dense ``J cov J^T`` over all N K rows would cost
+    N K D^2; reverse mode through these maps is their transpose, as cheap.
+    """
+
+    def eta_of(x):
+        return lp.eta_fn({**values, node: lay.to_site(x)})
+
+    b, lin = jax.linearize(eta_of, jnp.zeros_like(jax.lax.stop_gradient(m)))
+    shape = b.shape
+    k = shape[-1]
+    d = m.shape[-1]
+    mean = jnp.reshape(b + lin(m), (-1, k))
+    j_cov = jnp.reshape(jax.vmap(lin)(cov), (d, -1, k))
+    j = jnp.reshape(jax.vmap(lin)(jnp.eye(d, dtype=m.dtype)), (d, -1, k))
+    var = jnp.einsum("dnk,dnl->nkl", j_cov, j)
+    return mean, 0.5 * (var + jnp.swapaxes(var, -1, -2)), shape
+
+
+def _cubature_rest(lp, values, shape):
+    """The predictor's rest on flat rows ``(N, K) -> (N,)``."""
+
+    def rest(eta):
+        return jnp.ravel(lp.rest_fn(jnp.reshape(eta, shape), values))
+
+    return rest
+
+
+def _cubature_surrogate(lp, lay, node: str, m, cov, values):
+    """Per element, the rule's ``E[l_n]`` as a function of the predictor's moments whose
+    gradients w.r.t. ``(m_n, V_n)`` are the rule's ``E[grad l_n]`` and ``E[hess l_n]/2``
+    (Bonnet's and Price's theorems, :func:`~autocvi.analysis.expectations.spherical_radial`):
+    ``E + g.(m_n - m_n*) + tr(H (V_n - V_n*))/2`` at the current moments ``*``. Its value
+    is the ELBO term; ``jax.grad`` of it w.r.t. q's mean parameters is the CVI message."""
+    mean, var, shape = _vector_moments(lp, lay, node, m, cov, values)
+    sg = jax.lax.stop_gradient
+    e, g, h = spherical_radial(_cubature_rest(lp, values, shape), sg(mean), sg(var))
+    value = e + jnp.sum(g * (mean - sg(mean)), -1) + 0.5 * jnp.sum(h * (var - sg(var)), (-2, -1))
+    return jnp.reshape(value, shape[:-1])
+
+
+def _vector_sites_message(lp, lay, node: str, mu, c1, c2, values):
+    """The message of per-element sites ``exp(c1_n^T eta_n + eta_n^T C2_n eta_n)``
+    through a K-vector predictor, in natural parameters of x: the gradient w.r.t. q's
+    mean parameters of their expectation ``sum_n c1_n^T m_n + tr(C2_n (V_n + m_n m_n^T))``,
+    i.e. ``(J^T (c1 + 2 C2 b), J^T blockdiag(C2) J)`` (t-SVGP Eq. 9 with K x K blocks)."""
+
+    def expected(mu):
+        m, second = mu
+        cov = second - m[:, None] * m[None, :]
+        mean, var, _ = _vector_moments(lp, lay, node, m, cov, values)
+        outer = mean[:, :, None] * mean[:, None, :]
+        return jnp.sum(c1 * mean) + jnp.sum(c2 * (var + outer))
+
+    g = jax.grad(expected)(jax.tree_util.tree_map(jax.lax.stop_gradient, mu))
+    return (g[0], 0.5 * (g[1] + jnp.swapaxes(g[1], -1, -2)))
+
+
+def _vector_memory_message(fplan: FactorPlan, lay, node: str, lam, memory, plan, fixed):
+    """:func:`_memory_message` for a K-vector predictor (cubature sites): each element's
+    site is ``c1_n = g_n - H_n m_n`` (K numbers) and ``C2_n = H_n / 2`` (K x K) from the
+    rule's ``g_n = E[grad l_n]``, ``H_n = E[hess l_n]`` at the current q."""
+    c1_all, c2_all, seen, total = memory
+    idx = fixed[plan.plate.name]
+    lp = fplan.linear_predictors[node]
+    mu = lay.fam.natural_to_mean(jax.lax.stop_gradient(lam))
+    m = mu[0]
+    cov = mu[1] - m[:, None] * m[None, :]
+    mean, var, shape = _vector_moments(lp, lay, node, m, cov, fixed)
+    # The factor's density carries numpyro's N/B scale: the memory holds each
+    # element's own site.
+    scale = plan.plate.size / plan.plate.subsample_size
+    _, g, h = spherical_radial(_cubature_rest(lp, fixed, shape), mean, var)
+    c1 = (g - jnp.einsum("nkl,nl->nk", h, mean)) / scale
+    c2 = 0.5 * h / scale
+    ok = jnp.all(jnp.isfinite(c1), -1) & jnp.all(jnp.isfinite(c2), (-2, -1))
+    c1 = jnp.where(ok[:, None], c1, c1_all[idx])
+    c2 = jnp.where(ok[:, None, None], c2, c2_all[idx])
+    delta = _vector_sites_message(lp, lay, node, mu, c1 - c1_all[idx], c2 - c2_all[idx], fixed)
+    total = jax.tree_util.tree_map(jnp.add, total, delta)
+    seen = seen.at[idx].set(seen[idx] | ok)
+    count = jnp.maximum(jnp.sum(seen), 1).astype(c1.dtype)
+    estimate = jax.tree_util.tree_map(lambda t: t * (plan.plate.size / count), total)
+    return estimate, (c1_all.at[idx].set(c1), c2_all.at[idx].set(c2), seen, total)
+
+
+# How the site memory of each message kind refreshes its sites (autocvi.plan.site_memory).
+_MEMORY_MESSAGES = {
+    GAUSS_HERMITE.name: _memory_message,
+    CUBATURE.name: _vector_memory_message,
+}
 
 
 def expected_log_factor(fplan: FactorPlan, layouts: dict, mean_params: dict, fixed=None):

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MessageKind", "EXACT", "GAUSS_HERMITE", "MONTE_CARLO", "FISHER", "MESSAGE_KINDS"]
+__all__ = [
+    "MessageKind",
+    "EXACT",
+    "GAUSS_HERMITE",
+    "CUBATURE",
+    "MONTE_CARLO",
+    "FISHER",
+    "MESSAGE_KINDS",
+]
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,15 @@ GAUSS_HERMITE = MessageKind(
     0.5,
     "royalblue",
 )
+CUBATURE = MessageKind(
+    "cubature",
+    "Gaussian node seen through a K-vector linear predictor per element (a softmax's logits): "
+    "E[grad f], E[hess f]/2 per element by the K-dim spherical-radial cubature rule (CVI "
+    "App. B.1 with K x K blocks)",
+    True,
+    0.5,
+    "teal",
+)
 MONTE_CARLO = MessageKind(
     "monte-carlo",
     "Gaussian node, any other non-conjugate factor: Bonnet/Price estimates E[grad f], E[hess f]/2",
@@ -59,5 +76,5 @@ FISHER = MessageKind(
 )
 
 MESSAGE_KINDS: dict[str, MessageKind] = {
-    k.name: k for k in (EXACT, GAUSS_HERMITE, MONTE_CARLO, FISHER)
+    k.name: k for k in (EXACT, GAUSS_HERMITE, CUBATURE, MONTE_CARLO, FISHER)
 }

@@ -46,12 +46,19 @@ from ..analysis.joint import (
     precondition_groups,
 )
 from ..analysis.layout import LatentLayout
-from ..analysis.linear_predictor import find_linear_predictor
+from ..analysis.linear_predictor import find_linear_predictor, find_vector_predictor
 from ..analysis.objectives import Objective, as_objective, expected_log_likelihood
 from ..blocks.gaussian_block import find_block
 from ..jaxpr import dce, structural_jit
 from ..model.graph import EdgeInfo, FactorGraph, PlateInfo, _format_table
-from ..model.message_kinds import EXACT, FISHER, GAUSS_HERMITE, MESSAGE_KINDS, MONTE_CARLO
+from ..model.message_kinds import (
+    CUBATURE,
+    EXACT,
+    FISHER,
+    GAUSS_HERMITE,
+    MESSAGE_KINDS,
+    MONTE_CARLO,
+)
 from ..model.trace import ModelError
 from .site_memory import find_site_memory
 
@@ -492,7 +499,11 @@ def build_schedule(
                 if too_big and not block_candidate:
                     continue
                 lp = _gauss_hermite_predictor(log_density, example, latent, lay, conj[latent])
-                if lp is not None and fac.name in graph.residuals:
+                if lp is None and not dlm:
+                    lp = _vector_predictor(log_density, example, latent, lay, conj[latent])
+                    if lp is not None and _too_big_vector(out.shape, lp, lay):
+                        lp = None
+                if lp is not None and lp.vector_size is None and fac.name in graph.residuals:
                     lp = _with_residual(graph, fac.name, example, latent, out.shape, scale) or lp
                 if lp is not None:
                     predictors[latent] = lp
@@ -548,7 +559,8 @@ def build_schedule(
             if name in fplan.latents:
                 kind = _message_kind(lay, fplan.conjugate[name])
                 if kind == MONTE_CARLO.name and name in fplan.linear_predictors:
-                    kind = GAUSS_HERMITE.name
+                    vector = fplan.linear_predictors[name].vector_size is not None
+                    kind = CUBATURE.name if vector else GAUSS_HERMITE.name
                 incoming.append((fname, kind))
         var = graph.variables[name]
         sub_axes = tuple((len(var.batch_shape) + p.dim, p) for p in var.plates if p.subsampled)
@@ -797,6 +809,28 @@ def _gauss_hermite_predictor(log_density, example, latent, lay, conjugate):
         return find_linear_predictor(log_density, example, latent)
     except Exception:  # noqa: BLE001 - no split means the Monte Carlo message is used
         return None
+
+
+def _vector_predictor(log_density, example, latent, lay, conjugate):
+    """A K-vector linear-predictor split (one row of logits per element) for a whole-site
+    multivariate Gaussian node, or None. Tried only where no scalar split exists, so the
+    Gauss-Hermite path of scalar predictors is unchanged."""
+    if (
+        conjugate
+        or lay.transform is not None
+        or lay.q_family != "MultivariateNormal"
+        or lay.plate_ndim != 0
+    ):
+        return None
+    try:
+        return find_vector_predictor(log_density, example, latent)
+    except Exception:  # noqa: BLE001 - no split means the Monte Carlo message is used
+        return None
+
+
+def _too_big_vector(out_shape, lp, lay) -> bool:
+    """The vector predictor's Jacobian (N K x D) is beyond what the dense messages form."""
+    return math.prod(out_shape) * lp.vector_size * math.prod(lay.shape) > _MAX_PREDICTOR_JACOBIAN
 
 
 def _with_residual(

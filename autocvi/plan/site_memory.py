@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import jax
 
 from ..model.graph import PlateInfo
-from ..model.message_kinds import GAUSS_HERMITE
+from ..model.message_kinds import CUBATURE, GAUSS_HERMITE
 
 __all__ = ["SiteMemory", "find_site_memory"]
 
@@ -42,18 +42,31 @@ class SiteMemory:
     factor: str
     node: str
     plate: PlateInfo
+    # The message kind whose sites are held: Gauss-Hermite sites are scalars
+    # ``(c1_n, c2_n)``; a vector predictor's (cubature) are ``c1_n`` in R^K and
+    # ``C2_n`` in R^{K x K}, ``exp(c1_n^T eta_n + eta_n^T C2_n eta_n)``.
+    kind: str = GAUSS_HERMITE.name
+    # ``()`` for scalar sites, ``(K,)`` for a K-vector predictor's.
+    event_shape: tuple = ()
 
     def describe(self) -> str:
+        k = self.event_shape[0] if self.event_shape else 1
+        numbers = (
+            f"2 x {self.plate.size}"
+            if not self.event_shape
+            else f"({k} + {k}^2) x {self.plate.size}"
+        )
         return (
             f"{self.factor} -> {self.node}: one site per element of {self.plate} held in "
-            f"memory (2 x {self.plate.size} numbers; SAG estimate of the full-data "
+            f"memory ({numbers} numbers; SAG estimate of the full-data "
             "message, constant step; site_memory=False sends N/B-scaled minibatch "
             "messages instead)"
         )
 
 
 def find_site_memory(schedule, example: dict) -> tuple:
-    """The (factor, node) messages that qualify: a Gauss-Hermite message to a whole-site
+    """The (factor, node) messages that qualify: a Gauss-Hermite (or, for a K-vector
+    predictor, cubature) message to a whole-site
     Gaussian (one vector, not a Gaussian block) from a factor in one subsampled plate
     whose only latent is the node, that reads no learned param (the M-step would have to
     map every element's site through the new predictor: a pass over all the data), and
@@ -67,7 +80,7 @@ def find_site_memory(schedule, example: dict) -> tuple:
             continue
         for fname, kind in node.incoming:
             fplan = schedule.factors[fname]
-            if kind != GAUSS_HERMITE.name or fplan.latents != (name,):
+            if kind not in (GAUSS_HERMITE.name, CUBATURE.name) or fplan.latents != (name,):
                 continue
             if len(fplan.subsampled) != 1 or name not in fplan.linear_predictors:
                 continue
@@ -77,7 +90,8 @@ def find_site_memory(schedule, example: dict) -> tuple:
             (plate,) = fplan.subsampled
             lp = fplan.linear_predictors[name]
             shape = jax.eval_shape(lp.eta_fn, example).shape
-            if shape != (plate.subsample_size,):
+            event = () if lp.vector_size is None else (lp.vector_size,)
+            if shape != (plate.subsample_size, *event):
                 continue
-            found.append(SiteMemory(fname, name, plate))
+            found.append(SiteMemory(fname, name, plate, kind, event))
     return tuple(found)
