@@ -188,6 +188,35 @@ def test_plan_shows_cubature_message():
     assert "y (monte-carlo)" in text
 
 
+def _gp_marginal(X, y=None):
+    amplitude = numpyro.sample("amplitude", dist.LogNormal(0.0, 1.0))
+    noise = numpyro.sample("noise", dist.LogNormal(-1.0, 1.0))
+    K = amplitude * jnp.exp(-0.5 * (X[:, None] - X[None]) ** 2) + noise * jnp.eye(X.shape[0])
+    numpyro.sample("y", dist.MultivariateNormal(jnp.zeros(X.shape[0]), K), obs=y)
+
+
+def _ordered_mixture(y=None):
+    weights = numpyro.sample("weights", dist.Dirichlet(jnp.ones(3)))
+    mu = numpyro.sample("mu", dist.Normal(0.0, 3.0).expand([3]).to_event(1))
+    with numpyro.plate("data", y.shape[0]):
+        mix = dist.MixtureSameFamily(dist.Categorical(weights), dist.Normal(mu, 1.0))
+        numpyro.sample("y", mix, obs=y)
+
+
+def test_no_cubature_for_one_row_factors():
+    """A factor with one output element (a GP's marginal likelihood in its kernel
+    parameters, a Dirichlet prior, a joint group's log|J|) splits trivially, with the
+    latent's own coordinates as the predictor; the third-degree rule must not replace
+    its Monte Carlo or Gauss-Hermite message there (it fired on seven zoo models)."""
+    X = jnp.linspace(-2.0, 2.0, 12)
+    y = jnp.sin(X)
+    text = str(autocvi.plan(_gp_marginal, {"X": X, "y": y}))
+    assert "cubature" not in text, text
+    ys = jnp.concatenate([jnp.linspace(-3.0, -2.0, 10), jnp.linspace(2.0, 3.0, 10)])
+    text = str(autocvi.plan(_ordered_mixture, {"y": ys}))
+    assert "cubature" not in text, text
+
+
 @pytest.mark.parametrize(
     "precision_", ["float32", pytest.param("float64", marks=pytest.mark.float64)]
 )

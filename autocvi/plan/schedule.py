@@ -501,7 +501,7 @@ def build_schedule(
                 lp = _gauss_hermite_predictor(log_density, example, latent, lay, conj[latent])
                 if lp is None and not dlm:
                     lp = _vector_predictor(log_density, example, latent, lay, conj[latent])
-                    if lp is not None and _too_big_vector(out.shape, lp, lay):
+                    if lp is not None and not _vector_rows_fit(out.shape, lp, lay):
                         lp = None
                 if lp is not None and lp.vector_size is None and fac.name in graph.residuals:
                     lp = _with_residual(graph, fac.name, example, latent, out.shape, scale) or lp
@@ -828,9 +828,18 @@ def _vector_predictor(log_density, example, latent, lay, conjugate):
         return None
 
 
-def _too_big_vector(out_shape, lp, lay) -> bool:
-    """The vector predictor's Jacobian (N K x D) is beyond what the dense messages form."""
-    return math.prod(out_shape) * lp.vector_size * math.prod(lay.shape) > _MAX_PREDICTOR_JACOBIAN
+def _vector_rows_fit(out_shape, lp, lay) -> bool:
+    """Whether a K-vector split is worth its cubature message.
+
+    At least two rows: a factor with one output element (a joint group's log|J|, a
+    Dirichlet or MultivariateNormal prior, a GP's marginal likelihood in its kernel
+    parameters) "splits" trivially, with the latent's own coordinates as the predictor,
+    and the third-degree rule would then replace an unbiased Monte Carlo estimate of a
+    strongly non-linear density by 2K points. And the predictor's Jacobian (N K x D)
+    must be within what the dense messages form.
+    """
+    rows = math.prod(out_shape)
+    return rows >= 2 and rows * lp.vector_size * math.prod(lay.shape) <= _MAX_PREDICTOR_JACOBIAN
 
 
 def _with_residual(
