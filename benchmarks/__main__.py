@@ -16,8 +16,8 @@ import time
 # The suite of docs/benchmarks.md in order, then the zoo and cold_start (the zoo's runs, as issue
 # 14's table: writes both), run on request only; the report last (the page from the results).
 BENCHMARKS = """conjugacy_table logistic_regression gp_classification gp_hyperparameters
-gp_regression_em svgp_banana svgp_minibatch svgp_uci dlm dlm_nonconjugate gaussian_mixture
-factor_models zoo cold_start report""".split()
+gp_regression_em svgp_banana svgp_minibatch svgp_multiclass svgp_uci dlm dlm_nonconjugate
+gaussian_mixture factor_models zoo cold_start report""".split()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -97,6 +97,14 @@ point, SAG estimate of the message) and with tied sites (`site_memory=False`) ag
 (whitened and unwhitened AutoMultivariateNormal q(u), Adam at three rates); test NLPD against
 wall-clock seconds.
 
+svgp_multiclass: Minibatched multiclass sparse GP: digits, 10 classes (issue 15)
+scikit-learn's digits (1,437 training and 360 test images, the offline stand-in for MNIST),
+m = 100 fixed k-means inducing inputs, a fixed kernel, B = 200: `u ~ MultivariateNormal(0,
+Kuu)` in a plate of 10 classes and a softmax likelihood in a subsampled plate. autocvi with its
+defaults (cubature messages through the 10 logits, K-vector site memory) against SVI
+(AutoNormal over u and over whitened v, AutoMultivariateNormal over u; Adam at three rates);
+test NLPD against wall-clock seconds, and the full-data ELBO.
+
 svgp_uci_airfoil: Sparse GP regression with learned inducing inputs: airfoil, 5-fold (t-SVGP Fig. 3)
 Airfoil self-noise (1,500 points, 5 inputs), m = 50 inducing inputs, ARD kernel and noise, all
 `numpyro.param` sites learned: one `autocvi.fit` per fold (variational EM on the dual bound; the
