@@ -214,16 +214,9 @@ def run(_part="synthetic", quick=False):
         for whitened in (True, False)
         for lr in st["svi_learning_rates"]
     ]
-    svi_best = min(t[2] for r in runs if r["method"].startswith("SVI") for t in r["trace"])
-    target = svi_best + st["tolerance"]
-    best_elbo = max(t[3] for r in runs for t in r["trace"])
+    svi_best, target, best_elbo = D.nlpd_targets(runs, 2, 3, st["tolerance"], st["elbo_gap"])
     for r in runs:
-        hit = next((t for t in r["trace"] if t[2] <= target), None)
-        r["reached"] = None if hit is None else {"steps": hit[0], "seconds": hit[1]}
         r["best"] = min(t[2] for t in r["trace"])
-        hit = next((t for t in r["trace"] if t[3] >= best_elbo - st["elbo_gap"]), None)
-        r["reached_elbo"] = None if hit is None else {"steps": hit[0], "seconds": hit[1]}
-        r["final_elbo"] = r["trace"][-1][3]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return D.publish(
         "svgp_minibatch",

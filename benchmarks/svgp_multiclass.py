@@ -262,17 +262,10 @@ def run(_part="digits", quick=False):
     def nlpd(t):  # a diverged run's NaN is never best
         return t[3] if np.isfinite(t[3]) else np.inf
 
-    svi_best = min(nlpd(t) for r in runs if r["method"].startswith("SVI") for t in r["trace"])
-    target = svi_best + st["tolerance"]
-    best_elbo = max(t[4] for r in runs for t in r["trace"] if np.isfinite(t[4]))
+    svi_best, target, best_elbo = D.nlpd_targets(runs, 3, 4, st["tolerance"], st["elbo_gap"])
     for r in runs:
-        hit = next((t for t in r["trace"] if t[3] <= target), None)
-        r["reached"] = None if hit is None else {"steps": hit[0], "seconds": hit[1]}
         best = min(r["trace"], key=nlpd)
         r["best"] = {"nlpd": best[3], "accuracy": best[2], "steps": best[0], "seconds": best[1]}
-        hit = next((t for t in r["trace"] if t[4] >= best_elbo - st["elbo_gap"]), None)
-        r["reached_elbo"] = None if hit is None else {"steps": hit[0], "seconds": hit[1]}
-        r["final_elbo"] = r["trace"][-1][4]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return D.publish(
         "svgp_multiclass",

@@ -297,6 +297,21 @@ def _ends_with(sh, shape) -> bool:
     return len(sh) >= len(shape) and sh[len(sh) - len(shape) :] == shape
 
 
+def _settled(e: _Eqn, cls: list[int], rule, shape) -> list[int] | None:
+    """The classes every elementwise analysis gives alike, or None: constant inputs give
+    constants, an input already OTHER gives OTHER, and a custom-derivative call is
+    analysed inside its body by the same ``rule``."""
+    n_out = len(e.outs)
+    if all(c == CONST for c in cls):
+        return [CONST] * n_out
+    if any(c == OTHER for c in cls):
+        return [OTHER] * n_out
+    if e.prim.name in CUSTOM_DERIVATIVE:
+        out = _custom_rule(e, cls, rule, shape=shape)
+        return out if out is not None else [OTHER] * n_out
+    return None
+
+
 def _diag_rule(e: _Eqn, cls: list[int], g: _Graph, shape=()) -> list[int]:
     """DIAG: the value's shape is ``lead + shape`` and its element ``[l, i]`` depends on
     ``eta[i]`` only. Leading axes let a quadrature rule inside the factor (the nodes of
@@ -304,13 +319,9 @@ def _diag_rule(e: _Eqn, cls: list[int], g: _Graph, shape=()) -> list[int]:
     that is summed out again."""
     name = e.prim.name
     n_out = len(e.outs)
-    if all(c == CONST for c in cls):
-        return [CONST] * n_out
-    if any(c == OTHER for c in cls):
-        return [OTHER] * n_out
-    if name in CUSTOM_DERIVATIVE:
-        out = _custom_rule(e, cls, _diag_rule, shape=shape)
-        return out if out is not None else [OTHER] * n_out
+    settled = _settled(e, cls, _diag_rule, shape)
+    if settled is not None:
+        return settled
     in_shapes = [tuple(_aval_of(g, r).shape) for r, c in zip(e.ins, cls) if c == DIAG]
     diag_shapes_ok = all(_ends_with(sh, shape) for sh in in_shapes) and all(
         _ends_with(g.avals[o].shape, shape) for o in e.outs if o >= 0
@@ -371,13 +382,9 @@ _ROW_REDUCTIONS = frozenset(
 def _row_rule(e: _Eqn, cls: list[int], g: _Graph, shape=()) -> list[int]:
     name = e.prim.name
     n_out = len(e.outs)
-    if all(c == CONST for c in cls):
-        return [CONST] * n_out
-    if any(c == OTHER for c in cls):
-        return [OTHER] * n_out
-    if name in CUSTOM_DERIVATIVE:
-        out = _custom_rule(e, cls, _row_rule, shape=shape)
-        return out if out is not None else [OTHER] * n_out
+    settled = _settled(e, cls, _row_rule, shape)
+    if settled is not None:
+        return settled
     nd = len(shape)
     in_shapes = [tuple(_aval_of(g, r).shape) for r, c in zip(e.ins, cls) if c == ROW]
     if n_out != 1 or e.outs[0] < 0:
