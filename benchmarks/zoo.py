@@ -292,7 +292,11 @@ def _warned(label, r):
     messages = r.get("fit_warnings") or []
     kinds = [
         kind
-        for kind, text in (("coupling", "couples them"), ("importance", "misses part"))
+        for kind, text in (
+            ("coupling", "couples them"),
+            ("importance", "misses part"),
+            ("too narrow", "too narrow"),
+        )
         if any(text in m for m in messages)
     ]
     return ", ".join(kinds) or "—"
@@ -369,8 +373,9 @@ fused `lax.scan` (compile excluded), a 500-particle ELBO at 50 checkpoints; "SVI
 autocvi's ELBO" is the first checkpoint at or above autocvi's ELBO. Speed-up = SVI's seconds
 to autocvi's ELBO / autocvi's warm seconds. Importance: `result.diagnostics.importance`, the
 Pareto-k and effective sample size of q's importance ratios over 4,000 draws; after-fit
-warnings: which of `fit`'s checks of q warned (the coupling check, the importance check:
-k > 0.7 and ESS < 5%; `docs/limitations.md`).
+warnings: which of `fit`'s checks of q warned (the coupling check; the importance check:
+k > 0.7 and ESS < 5%, or "too narrow": q's sd below 0.8 of the importance-weighted sd at
+some coordinate; `docs/limitations.md`).
 
 **Summary**: {len(all_met)} of {len(res)} models ({100 * len(all_met) / max(len(res), 1):.0f}%) meet
 every bar that applies ({BARS}, where q's family can represent the posterior; where it

@@ -139,7 +139,14 @@ class FitResult:
         )
         check = self.diagnostics.importance
         if check is not None:
-            verdict = "q misses posterior mass" if check.misses_posterior else "no sign of a miss"
+            verdict = (
+                "q misses posterior mass"
+                if check.misses_posterior
+                else f"q too narrow at {check.narrowest.coordinate!r} "
+                f"(sd {check.narrowest.ratio:.2f} of the importance-weighted)"
+                if check.too_narrow
+                else "no sign of a miss"
+            )
             head += (
                 f"\nq against the posterior ({check.num_draws} draws): Pareto-k "
                 f"{check.pareto_k:.2f}, importance ESS {check.ess:.1%}: {verdict}"
@@ -213,7 +220,8 @@ def fit(
         check: after the fit, check q's quality and warn (``FitWarning``) where it
             is poor: latents q keeps independent that the posterior couples
             (:mod:`autocvi.infer.coupling`), and q's importance ratios p/q: their
-            Pareto-k and effective sample size (:mod:`autocvi.infer.importance`,
+            Pareto-k and effective sample size, and q's sds against the
+            importance-weighted sds of its draws (:mod:`autocvi.infer.importance`,
             ``result.diagnostics.importance``). Together they cost a compiled Hessian
             of the log joint and 4,000 draws of it (a second or two of a cold fit);
             ``False`` skips them.
