@@ -218,7 +218,8 @@ def test_no_cubature_for_one_row_factors():
 
 
 @pytest.mark.parametrize(
-    "precision_", ["float32", pytest.param("float64", marks=pytest.mark.float64)]
+    "precision_",
+    ["float32", pytest.param("float64", marks=[pytest.mark.float64, pytest.mark.slow])],
 )
 def test_softmax_fit_elbo_at_least_monte_carlo(precision_):
     X, y = _softmax_data()
@@ -254,6 +255,7 @@ def test_softmax_fit_close_to_nuts():
     assert np.all((ratio > 0.8) & (ratio < 1.2)), ratio
 
 
+@pytest.mark.slow
 def test_minibatch_site_memory_holds_vector_sites():
     """With minibatches the message is held as K-vector / K x K sites per element and the
     fit reaches the full-batch q (SAG at its fixed point)."""
