@@ -45,7 +45,10 @@ def test_mean_field_gaussian_warns_with_the_exact_shrinkage():
     exact_ratio = np.sqrt(1.0 / (1.0 + a)) / np.sqrt((1.0 + a) / (1.0 + 2.0 * a))
     q_ratio = float(np.sqrt(result.posterior["x"].variance)) / np.sqrt((1 + a) / (1 + 2 * a))
     assert q_ratio == pytest.approx(exact_ratio, rel=1e-3)  # the fit is the mean-field optimum
-    assert len(messages) == 2
+    assert len([m for m in messages if m.startswith("q treats")]) == 2
+    # the importance check's spread rule sees it too (q's sd 0.40 of the posterior's)
+    assert any(m.startswith("q is too narrow") for m in messages)
+    assert len(messages) == 3
     for site, other in (("x", "z"), ("z", "x")):
         (line,) = [m for m in messages if m.startswith(f"q treats {site!r}")]
         assert f"independent of {other!r}" in line

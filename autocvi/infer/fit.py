@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
+from numpyro.infer import Predictive
 
 from ..analysis.integrate import integrated_marginal
 from ..analysis.joint import member_posteriors
@@ -96,12 +97,32 @@ class FitResult:
     params: dict = field(default_factory=dict)
     em: EMTrace | None = None
     _layouts: dict = field(default_factory=dict, repr=False)
+    # the model and data the fit ran on: sample() computes the deterministic sites
+    _model: object = field(default=None, repr=False)
+    _data: dict | None = field(default=None, repr=False)
 
-    def sample(self, rng_key, num_samples: int) -> dict:
+    def sample(self, rng_key, num_samples: int, deterministic: bool = True) -> dict:
         """Posterior draws: site -> array ``(num_samples,) + site shape``.
 
-        The dict can be passed to ``numpyro.infer.Predictive(model, posterior_samples=...)``.
+        Every latent site, and (``deterministic=True``, as ``MCMC.get_samples``) every
+        ``numpyro.deterministic`` site, computed from the latents' draws by running the
+        model on them with the fit's data and params. The dict can be passed to
+        ``numpyro.infer.Predictive(model, posterior_samples=...)``.
         """
+        if isinstance(rng_key, int):
+            rng_key = jax.random.PRNGKey(rng_key)
+        out = self._latent_draws(rng_key, num_samples)
+        graph = self.schedule.user_graph or self.schedule.graph
+        names = graph.deterministic_names if deterministic and self._model else ()
+        if names:
+            key = jax.random.fold_in(rng_key, 1)  # the model's own sampling, if any
+            predictive = Predictive(
+                self._model, posterior_samples=out, params=self.params, return_sites=list(names)
+            )
+            out.update(predictive(key, **(self._data or {})))
+        return out
+
+    def _latent_draws(self, rng_key, num_samples: int) -> dict:
         if isinstance(rng_key, int):
             rng_key = jax.random.PRNGKey(rng_key)
         out = {}
@@ -402,6 +423,8 @@ def fit(
         params=params,
         em=trace,
         _layouts=layouts,
+        _model=model,
+        _data=data,
     )
 
 

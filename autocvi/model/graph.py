@@ -179,6 +179,15 @@ class FactorGraph:
         return tuple(n for n, v in self.variables.items() if v.observed)
 
     @property
+    def deterministic_names(self) -> tuple[str, ...]:
+        """``numpyro.deterministic`` sites in model order (functions of the latents)."""
+        if self._site_fn_builder is None:
+            return ()
+        if self._example_trace is None:
+            self._example_trace = self._site_fn_builder.run(self._example_values)
+        return tuple(n for n, s in self._example_trace.items() if s["type"] == "deterministic")
+
+    @property
     def example_values(self) -> dict[str, Any]:
         """One draw of every latent and param site (the trace's values)."""
         return dict(self._example_values)
