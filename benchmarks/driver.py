@@ -119,7 +119,7 @@ class AutocviMethod:
         self.label, self.rng_key, self.options, self.setting = label, rng_key, options, ""
 
     def setup(self, model, data):
-        self.data, self._elbo = data, float("nan")
+        self.data = data
         self.cvi = autocvi.CVI(model, tol=0.0, **self.options)
         state = self.cvi.init(jax.random.PRNGKey(self.rng_key), **data)
         self.schedule = sched = self.cvi.get_schedule(state)
@@ -135,12 +135,9 @@ class AutocviMethod:
         return state
 
     def step(self, state):
+        """One iteration: (state, the method's own objective)."""
         state, elbo = self.cvi.update(state, **self.data)
-        self._elbo = float(elbo)
-        return state
-
-    def objective(self, state):
-        return self._elbo
+        return state, float(elbo)
 
     def fused(self, state, n):
         r = self.cvi.run(None, n, init_state=state, **self.data)
@@ -249,10 +246,7 @@ class BayesPyMethod:
 
     def step(self, state):
         state.update(repeat=1, verbose=False)
-        return state
-
-    def objective(self, state):
-        return float(state.L[state.iter - 1])
+        return state, float(state.L[state.iter - 1])
 
     def keep(self, state):
         return self.snapshot()
@@ -279,9 +273,7 @@ class Run:
 
     def state_at(self, t: int):
         """The state after ``t`` iterations: kept, or replayed from the nearest kept one."""
-        if t not in self.kept:
-            if not hasattr(self.method, "states_at"):
-                raise KeyError(f"{self.method.label}: iteration {t} was not kept")
+        if t not in self.kept:  # only SVI replays: any other method keeps what it is asked for
             base = max(k for k in self.kept if k <= t)
             self.kept[t] = self.method.states_at(self.kept[base], [t - base])[0]
         return self.kept[t]
@@ -334,8 +326,8 @@ def run(method, model, data, num_steps, *, keep=None, repeats=3, stepwise=None) 
             ts, ob = [], []
             for i in range(1, num_steps + 1):
                 t = time.perf_counter()
-                s = method.step(s)
-                ob.append(method.objective(s))
+                s, o = method.step(s)
+                ob.append(o)
                 ts.append(time.perf_counter() - t)
                 if rep == 0 and i in keep:
                     kept[i] = keep_fn(s)
@@ -357,11 +349,10 @@ def run(method, model, data, num_steps, *, keep=None, repeats=3, stepwise=None) 
             )
         host = host if fused else None  # stepwise only: the step time is the loop time
     r = Run(method, num_steps, np.asarray(obj), per_iter, setup, compile_time, times, kept, host)
-    r.checks = checks
+    r.checks.update(checks)
     print(
         f"  {method.label}: {num_steps} iterations, {per_iter * 1e3:.3g} ms/iter, setup "
-        f"{setup:.2f} s, compile {compile_time:.2f} s, final objective {r.objective[-1]:.4g}",
-        flush=True,
+        f"{setup:.2f} s, compile {compile_time:.2f} s, final objective {r.objective[-1]:.4g}"
     )
     return r
 
@@ -381,11 +372,12 @@ def first_hit(iters, values, target, better=np.greater_equal):
 
 
 def refine_hit(evaluate, iters, values, target, better=np.greater_equal, points=40):
-    """First iteration reaching ``target``: the grid's first hit, refined between it and the
-    grid point before (``points`` evenly spaced iterations per round, down to single steps)."""
+    """First iteration reaching ``target``: the grid's first hit, refined (unless ``evaluate``
+    is None) between it and the grid point before (``points`` evenly spaced iterations per
+    round, down to single steps)."""
     hit = first_hit(iters, values, target, better)
-    if hit is None:
-        return None
+    if hit is None or evaluate is None:
+        return hit
     lo = ([0, *iters])[list(iters).index(hit)]
     while hit - lo > 1:
         stride = max(1, int(np.ceil((hit - 1 - lo) / points)))
@@ -450,10 +442,8 @@ def experiment(entries, score, *, key="elbo", thresholds=(1.0, 0.1), higher=True
         rec.update(gap=sign * (ref - rec["final"][key]), _evaluate=evaluate, hits={})
         for thr in thresholds:
             target = ref * (1 - sign * thr) if options.get("relative") else ref - sign * thr
-            if r.method.kind in refine:
-                it = refine_hit(evaluate, rec["iters"], rec[key], target, better)
-            else:
-                it = first_hit(rec["iters"], rec[key], target, better)
+            how = evaluate if r.method.kind in refine else None
+            it = refine_hit(how, rec["iters"], rec[key], target, better)
             loop = None if it is None else it * r.per_iter_time
             total = None if it is None else loop + r.setup_time + r.compile_time
             hit = {"iterations": it, "loop_time": loop}

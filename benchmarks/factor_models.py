@@ -239,8 +239,6 @@ def run(part, quick=False):
     spec = {
         "cmd": f"factor_models:{part}",
         "title": prob["title"] + (" **(--quick smoke test: not representative)**" if quick else ""),
-        "model": model,
-        "data": data,
         "autocvi": [
             D.Entry(m, model, data, steps, grid, repeats=st["autocvi_repeats"], stepwise=True)
         ],

@@ -171,8 +171,9 @@ def run(quick=False):
     loss, grid = TraceEnum_ELBO(max_plate_nesting=1), D.log_grid(ns, st["svi_grid_points"])
     for lr in st["svi_learning_rates"]:
         setting = f"AutoNormal, Adam lr={lr:g}, TraceEnum_ELBO"
-        m = D.SVIMethod(f"svi-adam-{lr:g}", guide, Adam(lr), loss, setting=setting)
-        m.posterior_fn = autonormal_q
+        m = D.SVIMethod(
+            f"svi-adam-{lr:g}", guide, Adam(lr), loss, 0, setting, posterior_fn=autonormal_q
+        )
         entries.append(D.Entry(m, config_enumerate(gmm), data, ns, grid))
     thresholds = st["thresholds_nats"]
     methods, ref = D.experiment(entries, est, key="collapsed", thresholds=thresholds, refine=())
@@ -191,6 +192,10 @@ def run(quick=False):
     return D.publish(NAME, st, markdown, panels, "Gaussian mixture, iris (N=150, D=4, K=3)", **out)
 
 
+def _pm(final):
+    return f"{final['collapsed']:.3f} ± {final['collapsed_se']:.3f}"
+
+
 COLUMNS = [
     ("run", lambda k, m: k, None),
     ("converged at (rel. change < 1e-6)", "converged_at", "d"),
@@ -199,11 +204,7 @@ COLUMNS = [
     ("iters to own final −0.1 nat", D.at("hits_own", "0.1"), "d"),
     *D.hit_columns(SETTINGS["thresholds_nats"]),  # to ELBO*c - 1 and - 0.1 nat
     ("final mean-field ELBO", D.at("final", "meanfield"), ".3f"),
-    (
-        "final collapsed ELBO (± se)",
-        lambda k, m: "{collapsed:.3f} ± {collapsed_se:.3f}".format(**m["final"]),
-        None,
-    ),
+    ("final collapsed ELBO (± se)", lambda k, m: _pm(m["final"]), None),
     ("final native objective", lambda k, m: float(m["objective"][-1]), ".3f"),
     *D.TIMING_COLUMNS,
 ]

@@ -27,7 +27,7 @@ import autocvi
 from autocvi import datasets
 
 from . import driver as D
-from .gp_classification import JITTER, log_loss_bits, model, problem, squared_exponential
+from .gp_classification import JITTER, POINT, log_loss_bits, model, problem, squared_exponential
 
 GRID = np.linspace(-1.0, 6.0, 15)
 PUBLISHED = {
@@ -35,7 +35,6 @@ PUBLISHED = {
     "sonar": {"Proximal": (0.317, 0.004), "EP": (0.341, 0.003), "Laplace": (0.410, 0.002)},
 }
 PUBLISHED_TIME = {"ionosphere": "3.6 min", "sonar": "63 s"}
-PAPER_POINT = {"ionosphere": (1.0, 2.5), "sonar": (-1.0, 6.0)}
 SETTINGS = {
     "num_splits": 10,
     "split_seed": "split s uses numpy default_rng(s).permutation; first half trains",
@@ -143,17 +142,13 @@ def fit_split(name, s, X, y, st):
     rec["capped"] = (int(capped.sum()), float(final[capped].max()) if capped.any() else None)
     rec["em"] = em_fit(Xtr, ytr, Xte, yte, st["em_start"])
     if s == 0:  # the grid's fixed points against autocvi.fit at the chosen and the paper's point
-        (l0, sd0), rec["check_against_fit"] = PAPER_POINT[name], []
+        (l0, sd0), rec["check_against_fit"] = POINT[name], []
         paper = int(np.argmin(np.abs(log_ls - l0) + np.abs(log_sds - sd0)))
         for g in dict.fromkeys([best, paper]):
             f = D.timed_fit(model, {"K": Ktr[g], "y": ytr}, num_steps=500)
-            check = {
-                "point": point(g),
-                "grid_elbo": float(final[g]),
-                "fit_elbo": f["final_elbo_engine"],
-            }
-            check.update(fit_num_steps=f["num_steps"], fit_converged=f["converged"])
-            rec["check_against_fit"].append(check)
+            keys = ("elbo", "final_elbo_engine"), ("num_steps", "num_steps"), ("converged",) * 2
+            check = {"point": point(g), "grid_elbo": float(final[g])}
+            rec["check_against_fit"].append(check | {f"fit_{k}": f[v] for k, v in keys})
     print(
         f"[gp_hyperparameters:{name}] split {s}: chose {point(best)}, log-loss {losses[best]:.3f}"
     )
@@ -188,25 +183,24 @@ def _pt(p):
     return f"({p[0]:.1f}, {p[1]:.1f})"
 
 
+def _oracle(k, r):
+    return f"{r['oracle']['test_log_loss_bits']:.3f} at {_pt(r['oracle']['point'])}"
+
+
+def _capped(k, r):
+    n, best = r["capped"]
+    return f"{n}" + ("" if best is None else f" ({best:.1f})")
+
+
 SPLIT_COLUMNS = [
     ("split", "split", "d"),
     ("chosen (log l, log sigma)", lambda k, r: _pt(r["chosen"]["point"]), None),
     ("ELBO at chosen", D.at("chosen", "elbo"), ".3f"),
     ("iterations at chosen", D.at("chosen", "steps"), "d"),
     ("test log-loss (bits)", D.at("chosen", "test_log_loss_bits"), ".3f"),
-    (
-        "grid minimum of test log-loss (oracle)",
-        lambda k, r: f"{r['oracle']['test_log_loss_bits']:.3f} at {_pt(r['oracle']['point'])}",
-        None,
-    ),
+    ("grid minimum of test log-loss (oracle)", _oracle, None),
     ("median iterations over grid", "median_steps", ".0f"),
-    (
-        "grid points at the iteration cap (their best ELBO)",
-        lambda k, r: (
-            f"{r['capped'][0]}" + ("" if r["capped"][1] is None else f" ({r['capped'][1]:.1f})")
-        ),
-        None,
-    ),
+    ("grid points at the iteration cap (their best ELBO)", _capped, None),
     ("EM (log l, log sigma)", lambda k, r: _pt(r["em"]["point"]), None),
     ("EM ELBO", D.at("em", "elbo"), ".3f"),
     ("EM test log-loss (bits)", D.at("em", "test_log_loss_bits"), ".3f"),
@@ -220,6 +214,10 @@ SPLIT_COLUMNS = [
 
 def markdown(p):
     st, sm, name = p["settings"], p["summary"], p["benchmark"].split("_")[-1]
+    n, grid = (
+        st["num_splits"],
+        sm["grid_time_mean"] + sm["compile_time_mean"] + sm["setup_time_mean"],
+    )
 
     def row(label, key):
         se = "" if sm[key + "_se"] is None else f" ({sm[key + '_se']:.3f})"
@@ -230,8 +228,10 @@ def markdown(p):
         row("autocvi, grid minimum (oracle: looks at the test set)", "oracle_log_loss_bits"),
         row("**autocvi, hyperparameters learned by variational EM**", "em_log_loss_bits"),
     ]
-    for k, (mean, se) in PUBLISHED[name].items():
-        rows.append((f"{k} (KL-prox Table 3, as published)", f"{mean:.3f} ({se:.3f})", ""))
+    rows += [
+        (f"{k} (KL-prox Table 3, as published)", f"{m:.3f} ({se:.3f})", "")
+        for k, (m, se) in PUBLISHED[name].items()
+    ]
     head = ("method", "test log-loss: mean (se) over splits, bits", "same in nats")
     checks = "\n".join(
         f"- {_pt(c['point'])}: grid ELBO {c['grid_elbo']:.6f}, `autocvi.fit` {c['fit_elbo']:.6f} "
@@ -242,7 +242,7 @@ def markdown(p):
 
 {D.env_line(p["environment"], f"gp_hyperparameters:{name}")}
 
-Data: {p["data"]}; {st["num_splits"]} random 50/50 splits. Kernel: {st["kernel"]}, on a 15 x 15
+Data: {p["data"]}; {n} random 50/50 splits. Kernel: {st["kernel"]}, on a 15 x 15
 grid of (log l, log sigma) over [-1, 6]^2. Per split autocvi fits the GP at every grid point (until
 the relative ELBO change is below {st["autocvi_tol"]:g} or {st["autocvi_max_steps"]} iterations),
 **chooses the highest ELBO** and reports the test log-loss there ({st["log_loss"]}, with
@@ -257,7 +257,12 @@ the grid minimum; both of ours are shown. Per split, the 225 fits take {sm["grid
 s (plus {sm["compile_time_mean"]:.1f} s compilation, {sm["setup_time_mean"]:.1f} s planning); the
 paper reports {PUBLISHED_TIME[name]} for its Proximal method (MATLAB, another machine).
 
-{em_paragraph(p)}
+Variational EM (the two as `numpyro.param` sites, one `autocvi.fit` from {_pt(st["em_start"])}; \
+docs/hyperparameters.md) takes {sm["em_seconds_mean"]:.1f} s
+per split, cold (trace, plan, compilation, every round), against the grid's {grid:.1f} s \
+(ratio {sm["em_seconds_mean"] / grid:.2f});
+its ELBO is at or above the grid's best on {sm["em_above_grid"]} of {n} splits, and \
+{sm["em_converged"]} of {n} fits report `converged=True`.
 
 The grid's fixed points against `autocvi.fit` at single grid points (split 0):
 {checks}
@@ -266,20 +271,6 @@ The grid's fixed points against `autocvi.fit` at single grid points (split 0):
 
 {D.table(SPLIT_COLUMNS, {r["split"]: r for r in p["splits"]})}
 """
-
-
-def em_paragraph(p):
-    st, sm = p["settings"], p["summary"]
-    grid = sm["grid_time_mean"] + sm["compile_time_mean"] + sm["setup_time_mean"]
-    n = st["num_splits"]
-    return (
-        f"Variational EM (the two as `numpyro.param` sites, one `autocvi.fit` from "
-        f"{_pt(st['em_start'])}; docs/hyperparameters.md) takes {sm['em_seconds_mean']:.1f} s\n"
-        f"per split, cold (trace, plan, compilation, every round), against the grid's "
-        f"{grid:.1f} s (ratio {sm['em_seconds_mean'] / grid:.2f});\nits ELBO is at or above the "
-        f"grid's best on {sm['em_above_grid']} of {n} splits, and {sm['em_converged']} of {n} "
-        f"fits report `converged=True`."
-    )
 
 
 def grid_plot(plt, p):

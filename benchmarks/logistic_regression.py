@@ -110,8 +110,6 @@ def run_convergence(quick=False):
     spec = {
         "cmd": NAME,
         "title": "Logistic regression (breast_cancer_scale, N=683, D=11)",
-        "model": model,
-        "data": data,
         "site": "w",
         "guides": {"mvn": AutoMultivariateNormal},
         "autocvi": [
@@ -347,8 +345,6 @@ def run_wide(quick=False):
     spec = {
         "cmd": "logistic_regression:wide",
         "title": "Logistic regression, D > N (synthetic colon-cancer shape: N = 62, D = 2000)",
-        "model": model,
-        "data": data,
         "site": "w",
         "autocvi": [entry],
         "guides": {
