@@ -214,10 +214,8 @@ SPLIT_COLUMNS = [
 
 def markdown(p):
     st, sm, name = p["settings"], p["summary"], p["benchmark"].split("_")[-1]
-    n, grid = (
-        st["num_splits"],
-        sm["grid_time_mean"] + sm["compile_time_mean"] + sm["setup_time_mean"],
-    )
+    n = st["num_splits"]
+    grid = sm["grid_time_mean"] + sm["compile_time_mean"] + sm["setup_time_mean"]
 
     def row(label, key):
         se = "" if sm[key + "_se"] is None else f" ({sm[key + '_se']:.3f})"
@@ -282,9 +280,7 @@ def grid_plot(plt, p):
         (axes[0], np.maximum(elbo, np.nanmax(elbo) - 200), "ELBO (training half; floor max - 200)"),
         (axes[1], np.minimum(loss, 1.0), "test log-loss, bits (capped at 1)"),
     ):
-        im = ax.imshow(
-            z.T, origin="lower", extent=(GRID[0], GRID[-1], GRID[0], GRID[-1]), aspect="auto"
-        )
+        im = ax.imshow(z.T, origin="lower", extent=(GRID[0], GRID[-1]) * 2, aspect="auto")
         fig.colorbar(im, ax=ax)
         ax.plot(*r0["chosen"]["point"], "r*", ms=14, label="chosen by ELBO")
         ax.set(xlabel="log lengthscale", ylabel="log signal sd", title=title)
