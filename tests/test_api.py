@@ -9,6 +9,9 @@ guide returns, and Monte Carlo draws of q for the mapped quantiles.
 Runs in float64 (the ``float64`` marker; ``tests/conftest.py`` decides precision).
 """
 
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -340,32 +343,22 @@ def test_a_matrix_valued_member_has_a_mean_and_variance():
     np.testing.assert_allclose(q.variance, np.repeat(np.diag(cov)[:d, None], k, 1), rtol=2e-3)
 
 
-def _noncentred_schools(y=None, sigma=None):
-    """Eight schools, non-centred, as users write it: theta is a deterministic site."""
-    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
-    tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
-    with numpyro.plate("J", 8):
-        z = numpyro.sample("z", dist.Normal(0.0, 1.0))
-        theta = numpyro.deterministic("theta", mu + tau * z)
-        numpyro.sample("y", dist.Normal(theta, sigma), obs=y)
-
-
 def test_fit_samples_include_deterministic_sites_as_mcmc_does():
     """``FitResult.sample`` returns ``numpyro.deterministic`` sites (MCMC.get_samples
-    does): each draw of theta is mu + tau * z of the same draw, exactly; the dict goes
-    to ``Predictive``; ``deterministic=False`` leaves them out."""
-    data = {
-        "y": np.array([28.0, 8, -3, 7, -1, 1, 18, 12]),
-        "sigma": np.array([15.0, 10, 16, 11, 9, 11, 10, 18]),
-    }
-    result = autocvi.fit(_noncentred_schools, data, progress_bar=False, check=False)
+    does): the zoo's non-centred eight schools, where each draw of theta is
+    mu + tau * theta_raw of the same draw, exactly; the dict goes to ``Predictive``;
+    ``deterministic=False`` leaves them out."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from zoo.models import MODELS
+
+    model, data = MODELS["eight_schools"]()
+    result = autocvi.fit(model, data, progress_bar=False, check=False)
     draws = result.sample(jax.random.PRNGKey(0), 500)
-    assert set(draws) == {"mu", "tau", "z", "theta"}
-    expected = draws["mu"][:, None] + draws["tau"][:, None] * draws["z"]
+    assert set(draws) == {"mu", "tau", "theta_raw", "theta"}
+    expected = draws["mu"][:, None] + draws["tau"][:, None] * draws["theta_raw"]
     np.testing.assert_allclose(draws["theta"], expected, rtol=1e-5, atol=1e-5)
-    assert set(result.sample(jax.random.PRNGKey(0), 5, deterministic=False)) == {"mu", "tau", "z"}
-    predicted = Predictive(_noncentred_schools, posterior_samples=draws)(
-        jax.random.PRNGKey(1), sigma=data["sigma"]
-    )
+    latents = set(result.sample(jax.random.PRNGKey(0), 5, deterministic=False))
+    assert latents == {"mu", "tau", "theta_raw"}
+    predicted = Predictive(model, posterior_samples=draws)(jax.random.PRNGKey(1), data["sigma"])
     assert predicted["y"].shape == (500, 8)
     assert "theta[0]" in result.summary()
