@@ -221,7 +221,10 @@ def test_zoo_models_warn_exactly_where_q_misses_the_posterior(name):
     check = result.diagnostics.importance
     assert check is not None
     assert missed == check.misses_posterior == (name in ZOO_MISSES), check
-    assert narrow == check.too_narrow == (name in ZOO_NARROW), check
+    # a miss is reported once, as a miss (its spread may be narrow too)
+    assert narrow == (name in ZOO_NARROW), check
+    if name not in ZOO_MISSES:
+        assert check.too_narrow == (name in ZOO_NARROW), check
     if name in ZOO_NARROW:  # the warning is deserved: q is that narrow against NUTS
         site = check.narrowest.coordinate
         nuts_sd = reference(name)["nuts"]["sites"][site]["sd"]
@@ -297,3 +300,65 @@ def test_a_centred_binomial_hierarchy_whose_scale_q_narrows_is_flagged():
     assert sigma.std() / sd < 0.8  # q is off: the warning is deserved
     assert any("q misses part of the posterior" in str(w.message) for w in caught)
     assert result.diagnostics.importance.misses_posterior
+
+
+def _grouped_regression():
+    """A non-centred grouped regression as users write it (12 groups of 15 observations
+    indexed by group, HalfCauchy tau, deterministic theta), data simulated with a fixed
+    seed. q is one joint Gaussian over (mu, tau, sigma, z): NumPyro's
+    AutoMultivariateNormal reaches the same narrow tau."""
+    rs = np.random.RandomState(1)
+    g = np.repeat(np.arange(12), 15)
+    y = (1.0 + 0.7 * rs.normal(size=12))[g] + rs.normal(0.0, 2.0, size=g.size)
+
+    def model(g, y=None):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+        tau = numpyro.sample("tau", dist.HalfCauchy(1.0))
+        sigma = numpyro.sample("sigma", dist.HalfNormal(5.0))
+        with numpyro.plate("groups", 12):
+            z = numpyro.sample("z", dist.Normal(0.0, 1.0))
+            theta = numpyro.deterministic("theta", mu + tau * z)
+        with numpyro.plate("obs", g.shape[0]):
+            numpyro.sample("y", dist.Normal(theta[g], sigma), obs=y)
+
+    return model, {"g": g, "y": y}
+
+
+# NUTS (2 chains x 4000 draws, 2000 warmup, target_accept 0.95, seed 0; no divergences,
+# r_hat 1.00, n_eff >= 2400): mean and sd of tau. Regenerate with _grouped_regression_nuts().
+GROUPED_REGRESSION_TAU = (0.847, 0.259)
+
+
+def _grouped_regression_nuts():  # pragma: no cover - regenerates GROUPED_REGRESSION_TAU
+    from numpyro.infer import MCMC, NUTS
+
+    model, data = _grouped_regression()
+    mcmc = MCMC(
+        NUTS(model, target_accept_prob=0.95),
+        num_warmup=2000,
+        num_samples=4000,
+        num_chains=2,
+        chain_method="sequential",
+        progress_bar=False,
+    )
+    mcmc.run(jax.random.PRNGKey(0), **data)
+    mcmc.print_summary(exclude_deterministic=True)
+    s = np.asarray(mcmc.get_samples()["tau"])
+    return round(float(s.mean()), 3), round(float(s.std()), 3)
+
+
+@pytest.mark.slow
+def test_a_non_centred_scale_q_narrows_is_flagged_too_narrow():
+    """q's sd of tau is about 0.6 of NUTS's, with healthy k (0.37) and ESS (34%): the
+    first rule is silent, the spread rule names tau (weighted ratio about 0.81)."""
+    model, data = _grouped_regression()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = autocvi.fit(model, data, progress_bar=False)
+    tau = np.asarray(result.sample(jax.random.PRNGKey(0), 4000)["tau"])
+    mean, sd = GROUPED_REGRESSION_TAU
+    assert tau.std() / sd < 0.75  # q is off: the warning is deserved
+    check = result.diagnostics.importance
+    assert not check.misses_posterior and check.too_narrow, check
+    assert check.narrowest.coordinate == "tau"
+    assert any("q is too narrow at 'tau'" in str(w.message) for w in caught)
