@@ -146,6 +146,33 @@ def test_ratios_are_the_evidence_through_a_joint_group_with_a_constrained_member
     assert np.mean(ratios) == pytest.approx(stats.norm.logpdf(1.3, 0.0, np.sqrt(3.0)), abs=1e-3)
 
 
+def test_ratios_are_the_evidence_through_a_joint_group_with_masked_members():
+    """Linear regression with ``obs_mask`` (3 of 12 responses missing), known noise:
+    q over (a, b, y_unobserved) is one exact joint Gaussian, and with the masked-out
+    elements given the engine's N(0, 1) placeholder density every ratio equals the
+    evidence of the 9 observed responses, N(y_obs; 0, 4 X X^T + 0.16 I)."""
+    x = np.linspace(-1.0, 1.0, 12)
+    y = 0.5 + 1.5 * x + 0.4 * np.random.default_rng(7).normal(size=12)
+    mask = np.ones(12, bool)
+    mask[[2, 7, 9]] = False
+
+    def model(x, mask, y=None):
+        a = numpyro.sample("a", dist.Normal(0.0, 2.0))
+        b = numpyro.sample("b", dist.Normal(0.0, 2.0))
+        with numpyro.plate("n", x.shape[0]):
+            numpyro.sample("y", dist.Normal(a + b * x, 0.4), obs=y, obs_mask=mask)
+
+    result, ratios = _constant_ratio_fit(model, {"x": x, "mask": mask, "y": y})
+    assert result.schedule.joint, "a, b and the missing responses share a joint Gaussian"
+    X = np.stack([np.ones(12), x], axis=1)[mask]
+    cov = 4.0 * X @ X.T + 0.16 * np.eye(int(mask.sum()))
+    evidence = stats.multivariate_normal(np.zeros(int(mask.sum())), cov).logpdf(y[mask])
+    assert np.std(ratios) < 1e-3
+    assert np.mean(ratios) == pytest.approx(evidence, abs=1e-3)
+    check = result.diagnostics.importance
+    assert check is not None and not check.misses_posterior and not check.too_narrow
+
+
 def _correlated_pair():
     # x ~ N(0, 1), z | x ~ N(0.99 x, sqrt(1 - 0.99^2)): unit marginals, correlation 0.99.
     def model():

@@ -39,9 +39,7 @@ within 0.85 of NUTS's, over three draw keys.
 
 Skipped (no claim) for models with discrete latents (q's assignments are mean-field
 over every data point, so the ratios measure their number, not q's quality), subsampled
-plates (``p`` would need the full data), integrated conditionals, masked members of
-joint groups (q's density over the elements the model masks out is not separable), q
-with more than :data:`MAX_COORDINATES` coordinates, and data so large that even
+plates (``p`` would need the full data), integrated conditionals, q with more than :data:`MAX_COORDINATES` coordinates, and data so large that even
 :data:`MIN_DRAWS` draws would cost more than :data:`MAX_WORK` element evaluations of the
 log joint (below that, the draws shrink from :data:`NUM_DRAWS` to fit it).
 """
@@ -60,6 +58,7 @@ from numpyro import handlers
 from numpyro.infer.util import log_density
 
 from ..jaxpr import structural_jit
+from ..model.trace import MaskedPlaceholder
 from .convergence import FitWarning
 
 __all__ = [
@@ -216,8 +215,15 @@ def importance_draws(
                 lq = jnp.where(jnp.broadcast_to(mask, jnp.shape(lq)), lq, 0.0)
             log_q = log_q + jnp.sum(lq)
         for group, _ in guide.joint:
-            if any(_site_mask(model_trace[m.name]) is not None for m in group.members):
-                raise _NoClaim(f"masked member of the joint group {group.name!r}")
+            # q's joint density covers every element of a masked member; p gets the
+            # elements the model masks out with the density the engine's target gives
+            # them (MaskedPlaceholder's N(0, 1)), so p/q is the ratio fit optimised.
+            for m in group.members:
+                site = model_trace[m.name]
+                mask = _site_mask(site)
+                if mask is not None:
+                    filled = MaskedPlaceholder(site["fn"], mask).log_prob(values[m.name])
+                    log_p = log_p + jnp.sum(jnp.where(mask, 0.0, filled))
         return log_p - log_q, (values if keep_draws else {})
 
     # The data arrays enter as arguments, not as constants folded into the program.
@@ -255,10 +261,6 @@ def _site_mask(site):
         fn = fn.base_dist
     mask = getattr(fn, "_mask", None) if isinstance(fn, dist.MaskedDistribution) else None
     return None if mask is None or mask is True else mask
-
-
-class _NoClaim(Exception):
-    """q's density over the model's latent elements is not available: no check."""
 
 
 @dataclass(frozen=True)
