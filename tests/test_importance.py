@@ -292,14 +292,18 @@ def _rat_tumours():
 
 
 # NUTS (2 chains x 4000 draws, 2000 warmup, target_accept 0.95, seed 0; no divergences,
-# r_hat <= 1.003): mean and sd of sigma. Regenerate with _rat_tumours_nuts().
+# r_hat <= 1.003): mean and sd of sigma. Regenerate with _nuts_moments.
 RAT_TUMOURS_SIGMA = (0.603, 0.105)
 
 
-def _rat_tumours_nuts():  # pragma: no cover - regenerates RAT_TUMOURS_SIGMA (minutes)
+def _nuts_moments(make_model, site):  # pragma: no cover - regenerates the stored references
+    """NUTS's mean and sd of ``site`` (2 chains x 4000 draws, 2000 warmup, target_accept
+    0.95, seed 0): minutes. ``_nuts_moments(_rat_tumours, "sigma")`` regenerates
+    RAT_TUMOURS_SIGMA; ``_nuts_moments(_grouped_regression, "tau")``
+    GROUPED_REGRESSION_TAU."""
     from numpyro.infer import MCMC, NUTS
 
-    model, data = _rat_tumours()
+    model, data = make_model()
     mcmc = MCMC(
         NUTS(model, target_accept_prob=0.95),
         num_warmup=2000,
@@ -309,7 +313,8 @@ def _rat_tumours_nuts():  # pragma: no cover - regenerates RAT_TUMOURS_SIGMA (mi
         progress_bar=False,
     )
     mcmc.run(jax.random.PRNGKey(0), **data)
-    s = np.asarray(mcmc.get_samples()["sigma"])
+    mcmc.print_summary(exclude_deterministic=True)
+    s = np.asarray(mcmc.get_samples()[site])
     return round(float(s.mean()), 3), round(float(s.std()), 3)
 
 
@@ -318,15 +323,20 @@ def test_a_centred_binomial_hierarchy_whose_scale_q_narrows_is_flagged():
     """q's sd of the group scale is about 0.68 of NUTS's (a Gaussian's limit: NumPyro's
     AutoMultivariateNormal gives 0.66), with Pareto-k just under 0.7 and ESS 1.4%: the
     second rule (k > 0.5, ESS < 2%) flags it; the first alone stayed silent."""
-    model, data = _rat_tumours()
+    result, messages, sd_ratio = _fit_against_nuts(_rat_tumours, "sigma", RAT_TUMOURS_SIGMA)
+    assert sd_ratio < 0.8  # q is off: the warning is deserved
+    assert any("q misses part of the posterior" in m for m in messages)
+    assert result.diagnostics.importance.misses_posterior
+
+
+def _fit_against_nuts(make_model, site, nuts_moments):
+    """``(result, FitWarning messages, q's sd of site / NUTS's)`` of a default fit."""
+    model, data = make_model()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = autocvi.fit(model, data, progress_bar=False)
-    sigma = np.asarray(result.sample(jax.random.PRNGKey(0), 4000)["sigma"])
-    mean, sd = RAT_TUMOURS_SIGMA
-    assert sigma.std() / sd < 0.8  # q is off: the warning is deserved
-    assert any("q misses part of the posterior" in str(w.message) for w in caught)
-    assert result.diagnostics.importance.misses_posterior
+    draws = np.asarray(result.sample(jax.random.PRNGKey(0), 4000)[site])
+    return result, [str(w.message) for w in caught], draws.std() / nuts_moments[1]
 
 
 def _grouped_regression():
@@ -352,40 +362,19 @@ def _grouped_regression():
 
 
 # NUTS (2 chains x 4000 draws, 2000 warmup, target_accept 0.95, seed 0; no divergences,
-# r_hat 1.00, n_eff >= 2400): mean and sd of tau. Regenerate with _grouped_regression_nuts().
+# r_hat 1.00, n_eff >= 2400): mean and sd of tau. Regenerate with _nuts_moments.
 GROUPED_REGRESSION_TAU = (0.847, 0.259)
-
-
-def _grouped_regression_nuts():  # pragma: no cover - regenerates GROUPED_REGRESSION_TAU
-    from numpyro.infer import MCMC, NUTS
-
-    model, data = _grouped_regression()
-    mcmc = MCMC(
-        NUTS(model, target_accept_prob=0.95),
-        num_warmup=2000,
-        num_samples=4000,
-        num_chains=2,
-        chain_method="sequential",
-        progress_bar=False,
-    )
-    mcmc.run(jax.random.PRNGKey(0), **data)
-    mcmc.print_summary(exclude_deterministic=True)
-    s = np.asarray(mcmc.get_samples()["tau"])
-    return round(float(s.mean()), 3), round(float(s.std()), 3)
 
 
 @pytest.mark.slow
 def test_a_non_centred_scale_q_narrows_is_flagged_too_narrow():
     """q's sd of tau is about 0.6 of NUTS's, with healthy k (0.37) and ESS (34%): the
     first rule is silent, the spread rule names tau (weighted ratio about 0.81)."""
-    model, data = _grouped_regression()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = autocvi.fit(model, data, progress_bar=False)
-    tau = np.asarray(result.sample(jax.random.PRNGKey(0), 4000)["tau"])
-    mean, sd = GROUPED_REGRESSION_TAU
-    assert tau.std() / sd < 0.75  # q is off: the warning is deserved
+    result, messages, sd_ratio = _fit_against_nuts(
+        _grouped_regression, "tau", GROUPED_REGRESSION_TAU
+    )
+    assert sd_ratio < 0.75  # q is off: the warning is deserved
     check = result.diagnostics.importance
     assert not check.misses_posterior and check.too_narrow, check
     assert check.narrowest.coordinate == "tau"
-    assert any("q is too narrow at 'tau'" in str(w.message) for w in caught)
+    assert any("q is too narrow at 'tau'" in m for m in messages)
