@@ -362,3 +362,22 @@ def test_fit_samples_include_deterministic_sites_as_mcmc_does():
     predicted = Predictive(model, posterior_samples=draws)(jax.random.PRNGKey(1), data["sigma"])
     assert predicted["y"].shape == (500, 8)
     assert "theta[0]" in result.summary()
+
+
+def test_samples_of_a_subsampled_model_hold_its_latents_only():
+    """A deterministic site of a subsampled plate exists per minibatch: ``sample`` returns
+    the latents (every element of the local one) instead of failing on the shapes."""
+    x = jnp.linspace(-1.0, 1.0, 400)
+    y = 1.0 + 2.0 * x + jnp.sin(7.0 * x)
+
+    def model(x, y=None):
+        a = numpyro.sample("a", dist.Normal(0.0, 5.0))
+        b = numpyro.sample("b", dist.Normal(0.0, 5.0))
+        with numpyro.plate("n", x.shape[0], subsample_size=100) as idx:
+            u = numpyro.sample("u", dist.Normal(0.0, 1.0))
+            mean = numpyro.deterministic("mean", a + b * x[idx] + 0.1 * u)
+            numpyro.sample("y", dist.Normal(mean, 1.0), obs=y[idx])
+
+    result = autocvi.fit(model, {"x": x, "y": y}, num_steps=20, progress_bar=False, check=False)
+    draws = result.sample(jax.random.PRNGKey(0), 10)
+    assert {k: v.shape for k, v in draws.items()} == {"a": (10,), "b": (10,), "u": (10, 400)}

@@ -106,20 +106,34 @@ class FitResult:
 
         Every latent site, and (``deterministic=True``, as ``MCMC.get_samples``) every
         ``numpyro.deterministic`` site, computed from the latents' draws by running the
-        model on them with the fit's data and params. The dict can be passed to
-        ``numpyro.infer.Predictive(model, posterior_samples=...)``.
+        model on them with the fit's data and params. Models with subsampled plates get
+        the latents only: their deterministic sites exist per minibatch (run
+        ``Predictive`` on a model whose plates take the full size). The dict can be
+        passed to ``numpyro.infer.Predictive(model, posterior_samples=...)``.
         """
         if isinstance(rng_key, int):
             rng_key = jax.random.PRNGKey(rng_key)
         out = self._latent_draws(rng_key, num_samples)
         graph = self.schedule.user_graph or self.schedule.graph
-        names = graph.deterministic_names if deterministic and self._model else ()
+        subsampled = any(f.subsampled for f in self.schedule.factors.values())
+        wanted = deterministic and self._model is not None and not subsampled
+        names = graph.deterministic_names if wanted else ()
         if names:
             key = jax.random.fold_in(rng_key, 1)  # the model's own sampling, if any
             predictive = Predictive(
                 self._model, posterior_samples=out, params=self.params, return_sites=list(names)
             )
-            out.update(predictive(key, **(self._data or {})))
+            try:
+                out.update(predictive(key, **(self._data or {})))
+            except Exception as err:  # noqa: BLE001 - the latents' draws stand on their own
+                warnings.warn(
+                    f"the deterministic sites {', '.join(map(repr, names))} could not be "
+                    f"computed from q's draws ({type(err).__name__}: {err}); the draws hold "
+                    "the latent sites only. Pass deterministic=False to skip them, or run "
+                    "numpyro.infer.Predictive(model, posterior_samples=draws) yourself.",
+                    FitWarning,
+                    stacklevel=2,
+                )
         return out
 
     def _latent_draws(self, rng_key, num_samples: int) -> dict:
