@@ -86,6 +86,7 @@ def _data(seed):
 
 
 @pytest.mark.parametrize("rng_key", [0, 3])
+@pytest.mark.slow  # default run under budget (session 22)
 def test_refit_on_new_data_reuses_the_compiled_loop_and_is_right(rng_key):
     autocvi.fit(_regression, _data(1), progress_bar=False)  # compiles
     before = program_cache_info()

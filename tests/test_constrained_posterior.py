@@ -102,6 +102,7 @@ def logistic_with_uniform_rate(x, y=None):
 
 
 @pytest.mark.parametrize("model_name", ["eight_schools", "uniform_rate"])
+@pytest.mark.slow  # default run under budget (session 22)
 def test_fit_posterior_of_constrained_sites_has_a_mean(model_name):
     """As a user asks for it: ``result.posterior["tau"].mean``, for a mean-field scale
     and for members of a joint group; against the mean of q's own draws."""

@@ -127,6 +127,7 @@ def test_step_record_covers_every_node_and_exact_nodes_never_search():
     assert all(b == result.schedule.step_size for b in d.step_sizes.values())
 
 
+@pytest.mark.slow  # default run under budget (session 22)
 def test_step_record_counts_line_search_halvings_of_estimated_messages():
     """A joint Gaussian over (w, b, log s) with Monte Carlo messages: its line search halves."""
     rng = np.random.default_rng(1)

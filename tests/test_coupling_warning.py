@@ -119,6 +119,7 @@ def centred_hierarchy_data():
 
 
 @pytest.mark.parametrize("a, warns", [(0.001, True), (1.0, False)])
+@pytest.mark.slow  # default run under budget (session 22)
 def test_a_funnel_is_read_at_q_s_centre(a, warns):
     """BUGS-style centred hierarchy, 8 groups of 6: VMP keeps the group precision
     tau_u mean-field with the effects u. With Gamma(0.001, 0.001) priors the posterior

@@ -54,6 +54,7 @@ def copies(estimator, rest, m, v, n, key=0, **kwargs):
 
 @pytest.mark.float64
 @pytest.mark.parametrize("name, m, v", UPS_CASES)
+@pytest.mark.slow  # default run under budget (session 22)
 def test_ups_is_unbiased(name, m, v):
     rest = LIKELIHOODS[name]
     want = exact_gradient(rest, m, v)
@@ -64,6 +65,7 @@ def test_ups_is_unbiased(name, m, v):
 
 
 @pytest.mark.float64
+@pytest.mark.slow  # default run under budget (session 22)
 def test_bmc_bias_shrinks_as_one_over_l():
     rest, m, v = LIKELIHOODS["logistic y=1"], -1.5, 4.0
     exact = exact_gradient(rest, m, v)[0]
@@ -100,6 +102,7 @@ def probit(X, y=None):
 
 
 @pytest.mark.parametrize("gradient", [pytest.param("bmc", marks=pytest.mark.slow), "ups"])
+@pytest.mark.slow  # default run under budget (session 22)
 def test_fit_with_sampled_gradients_lands_near_the_quadrature_optimum(gradient):
     """The estimators drive the same natural-gradient steps: with 100 draws the fit ends
     within a small fraction of a posterior sd of the deterministic DLM optimum (float32,

@@ -429,6 +429,7 @@ def line_two_sites(x, y):
 
 
 @pytest.mark.parametrize("case", ["conjugate", "monte-carlo"])
+@pytest.mark.slow  # default run under budget (session 22)
 def test_same_key_same_result_and_resume(case):
     if case == "conjugate":
         model, data = line_two_sites, dict(x=X_LINE, y=Y_LINE)
@@ -564,6 +565,7 @@ def test_beta_proportion_prior_is_a_beta_node_with_the_closed_form_posterior():
     np.testing.assert_allclose(q.concentration0, 7.0 + 2.0, rtol=1e-10)
 
 
+@pytest.mark.slow  # default run under budget (session 22)
 def test_sample_returns_every_element_of_a_local_latent_of_a_subsampled_plate():
     """The state of a local latent holds all N elements (a minibatch visits B of them);
     ``sample`` returns draws of all N, and each element's draws follow its own q

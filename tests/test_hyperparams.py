@@ -58,6 +58,7 @@ def sklearn_type2_ml(x, y):
         pytest.param(2, 1e-2, 1e-3, id="float32"),
     ],
 )
+@pytest.mark.slow  # default run under budget (session 22)
 def test_gp_regression_hyperparameters_equal_type2_maximum_likelihood(every, param_rel, elbo_rel):
     x, y = motorcycle(n=every)
     result = autocvi.fit(gp_regression, dict(X=x, y=y), progress_bar=False)

@@ -378,3 +378,25 @@ def test_a_non_centred_scale_q_narrows_is_flagged_too_narrow():
     assert not check.misses_posterior and check.too_narrow, check
     assert check.narrowest.coordinate == "tau"
     assert any("q is too narrow at 'tau'" in m for m in messages)
+
+
+def test_checks_of_q_against_the_posterior_run_with_the_elbo_only():
+    """The beta-ELBO with beta = 0.25 aims q at the posterior tempered to 4x the
+    likelihood's weight, half as wide, by design: no check of q against the posterior
+    runs, and nothing warns. The same model under the ELBO is checked (and exact)."""
+    x = np.linspace(-1.0, 1.0, 12)
+    y = 0.5 + 1.5 * x + 0.4 * np.random.default_rng(7).normal(size=12)
+
+    def model(x, y=None):
+        a = numpyro.sample("a", dist.Normal(0.0, 2.0))
+        b = numpyro.sample("b", dist.Normal(0.0, 2.0))
+        with numpyro.plate("n", x.shape[0]):
+            numpyro.sample("y", dist.Normal(a + b * x, 0.4), obs=y)
+
+    data = {"x": x, "y": y}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FitWarning)
+        tempered = autocvi.fit(model, data, objective=autocvi.BetaELBO(0.25), progress_bar=False)
+        exact = autocvi.fit(model, data, progress_bar=False)
+    assert tempered.diagnostics.importance is None
+    assert exact.diagnostics.importance.ess > 0.999

@@ -54,6 +54,7 @@ def test_kmeans_responsibilities_recover_the_simulated_clusters():
 
 
 @pytest.mark.parametrize("seed", [pytest.param(4, marks=pytest.mark.slow), 6, 11])
+@pytest.mark.slow  # default run under budget (session 22)
 def test_every_single_start_finds_the_six_clusters(seed):
     r = autocvi.fit(mixture, {"y": jnp.asarray(Y, jnp.float32)}, num_restarts=1, rng_key=seed)
     err, one_to_one = _matched_error(r.posterior["locs"].mean, CENTRES)

@@ -146,6 +146,7 @@ def test_log_expected_likelihood_matches_probit_closed_form_and_poisson_quadratu
 
 
 @pytest.mark.float64
+@pytest.mark.slow  # default run under budget (session 22)
 def test_expected_log_likelihood_gradients_match_closed_forms_and_reverse_mode():
     """The forward-mode rule of the Gauss-Hermite expectation (one pass gives every
     element's derivatives). Oracles: a Gaussian likelihood's closed form,
@@ -259,6 +260,7 @@ def dlm_probit_objective(X, y, beta):
     + [pytest.param(probit, dlm_probit_objective, 1.0, 1e-5, marks=pytest.mark.slow)],
     ids=["gaussian-beta1", "gaussian-beta0.3", "probit-beta1"],
 )
+@pytest.mark.slow  # default run under budget (session 22)
 def test_log_loss_dlm_reaches_the_optimum_of_its_objective(model, objective_of, beta, tol):
     X, y = data(probit=model is probit)
     objective = objective_of(X, y, beta)

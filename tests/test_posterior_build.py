@@ -47,6 +47,7 @@ def test_an_ill_conditioned_q_still_raises_the_error_that_names_the_fix():
         autocvi.fit(model, data, progress_bar=False, precondition=False)
 
 
+@pytest.mark.slow  # default run under budget (session 22)
 def test_compiled_posterior_validates_its_arguments_as_numpyro_does_by_default():
     """The program is traced with validation off (NumPyro's checks cannot run on
     tracers and cost a compile per mask); the distributions handed to the user must

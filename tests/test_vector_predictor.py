@@ -203,6 +203,7 @@ def _ordered_mixture(y=None):
         numpyro.sample("y", mix, obs=y)
 
 
+@pytest.mark.slow  # default run under budget (session 22)
 def test_no_cubature_for_one_row_factors():
     """A factor with one output element (a GP's marginal likelihood in its kernel
     parameters, a Dirichlet prior, a joint group's log|J|) splits trivially, with the
@@ -221,6 +222,7 @@ def test_no_cubature_for_one_row_factors():
     "precision_",
     ["float32", pytest.param("float64", marks=[pytest.mark.float64, pytest.mark.slow])],
 )
+@pytest.mark.slow  # default run under budget (session 22)
 def test_softmax_fit_elbo_at_least_monte_carlo(precision_):
     X, y = _softmax_data()
     data = {"X": X, "y": y}
