@@ -5,6 +5,8 @@ oracle is the function run eagerly / a fit after the cache is cleared).
 Completeness: the same structure with new values, or a new seed, does not compile again.
 """
 
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +16,7 @@ import pytest
 
 import autocvi
 from autocvi.jaxpr import clear_program_cache, program_cache_info, structural_jit
+from autocvi.jaxpr import compile as compile_module
 
 
 def _closure(data):
@@ -135,3 +138,55 @@ def test_run_once_programs_never_evict_the_loop_program():
     before = program_cache_info()["misses"]
     structural_jit(_closure(jnp.zeros(5)))(x)  # a refit: same structure, new data
     assert program_cache_info()["misses"] == before, "the loop program was evicted"
+
+
+def _wait_for_tier(f, x, optimised: int, seconds: float = 120.0):
+    """Call ``f(x)`` until ``optimised`` loop programs run optimised (with more than one core
+    the optimised compilation runs in a background thread)."""
+    deadline = time.monotonic() + seconds
+    while program_cache_info()["optimised"] != optimised and time.monotonic() < deadline:
+        f(x)
+        time.sleep(0.05)
+    return f(x)
+
+
+def test_loop_programs_start_fast_and_move_to_full_optimisation(monkeypatch):
+    """A loop program (not ``runs_once``) compiles first with the short options and, once its
+    calls have taken ``TIER_UP_AFTER`` times that compilation, at XLA's default options. Both
+    tiers compute what the function run eagerly computes (the oracle)."""
+    clear_program_cache()
+    data = jnp.asarray(np.random.RandomState(2).normal(size=64), jnp.float32)
+    x = jnp.float32(0.3)
+    want = _closure(data)(x)
+    monkeypatch.setattr(compile_module, "TIER_UP_AFTER", 1e9)  # never pays for itself
+    f = structural_jit(_closure(data))
+    for _ in range(3):
+        fast = f(x)
+    assert program_cache_info()["optimised"] == 0, "moved to the optimised tier without cause"
+    monkeypatch.setattr(compile_module, "TIER_UP_AFTER", 0.0)  # every call has paid
+    optimised = _wait_for_tier(f, x, optimised=1)
+    assert program_cache_info()["optimised"] == 1, "never moved to the optimised tier"
+    for got in (fast, optimised):
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-6)
+
+
+def test_a_heavy_loop_program_is_optimised_at_once(monkeypatch):
+    """A program whose one call moves more than ``FAST_TIER_MAX_BYTES`` (XLA's cost estimate)
+    skips the fast tier; a light one does not (completeness of the rule)."""
+    clear_program_cache()
+    x = jnp.float32(0.3)
+    structural_jit(_closure(jnp.ones(7)))(x)
+    assert program_cache_info()["optimised"] == 0
+    monkeypatch.setattr(compile_module, "FAST_TIER_MAX_BYTES", -1.0)
+    data = jnp.ones(8)
+    got = structural_jit(_closure(data))(x)
+    assert program_cache_info()["optimised"] == 1
+    np.testing.assert_allclose(np.array(got[0]), np.array(_closure(data)(x)[0]), rtol=1e-6)
+
+
+def test_compile_options_this_xla_does_not_know_are_dropped():
+    """XLA's debug options come and go between releases: an unknown one is left out (a
+    missing option costs speed, never a fit)."""
+    options = {"xla_backend_optimization_level": 0, "xla_no_such_option_in_any_release": True}
+    assert compile_module._supported(options) == {"xla_backend_optimization_level": 0}

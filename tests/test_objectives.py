@@ -312,7 +312,11 @@ def test_dlm_in_float32_lands_near_the_float64_optimum():
     with jax.enable_x64(True):
         m_ref, V_ref = scipy_optimum(dlm_gaussian_objective(X, y, 1.0), D + 1)
     m, V = joint_q(result)
-    np.testing.assert_allclose(m, m_ref, atol=2e-3)
+    # In the optimum's sds: float32's stopping rule stops where the objective is flat to
+    # its tolerance, and there the means still move by about 1e-2 sd between iterations
+    # (0.014 sd with the loop at the fast tier, 0.004 at the optimised one).
+    sd_ref = np.sqrt(np.diag(V_ref))
+    np.testing.assert_array_less(np.abs(m - m_ref), 0.03 * sd_ref)
     np.testing.assert_allclose(np.diag(V), np.diag(V_ref), rtol=2e-2)
     text = str(result.schedule)
     assert "DLM, log loss (beta = 1)" in text and "y (gauss-hermite)" in text

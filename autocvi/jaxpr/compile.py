@@ -26,8 +26,11 @@ never a stale program.
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import numpy as np
@@ -50,11 +53,27 @@ _STATS = {"hits": 0, "misses": 0}
 
 
 # XLA options of a program a fit runs once or a few times (planning, the start, the final
-# ELBO, the posterior): its compilation is most of its cost, and LLVM's optimisation level
-# 0 halves it (eight schools' final-ELBO program 2.1 -> 0.9 s) while the code runs a little
-# slower. The loop's programs keep the default: they run for hundreds of iterations, and at
-# level 0 a stochastic-volatility fit ran 2.5x longer.
-RUNS_ONCE_OPTIONS = {"xla_backend_optimization_level": 0}
+# ELBO, the posterior): its compilation is most of its cost. LLVM's optimisation level 0
+# and XLA's older loop emitters (no fusion emitters) cut it to a third (eight schools'
+# CVI step 6.3 -> 2.0 s, its final-ELBO program 1.42 -> 0.70 s) while the code runs 2-3x
+# slower. The loop's programs start here too and move to the default options once they
+# have run long enough to pay for that compilation (:class:`_TieredProgram`).
+RUNS_ONCE_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+
+# A loop program is compiled again at XLA's default optimisation once it has run for this
+# many times the seconds its fast compilation took. The default compilation takes about
+# three times as long and the code then runs 2-3x faster, so this is the ski-rental rule
+# (rent until the rent paid would have bought): never more than about twice the better
+# of the two choices made in hindsight.
+TIER_UP_AFTER = 2.0
+
+# A loop program that reads and writes more bytes than this per call (XLA's cost analysis
+# of the program before compilation) is compiled at full optimisation at once: one call of
+# the fast code would cost more than the compilation saves. The optimised code moved about
+# 1 GB/s on this project's 2-core CPU (eight schools' 20-iteration chunk: 4.9 MB, 4 ms;
+# stochastic volatility's: 3.7 GB, 3.3 s, and 16.5 s at the fast options, whose
+# compilation saved 6 s), so the limit is a call of about 0.2 s.
+FAST_TIER_MAX_BYTES = 2e8
 
 
 def structural_jit(fn: Callable | None = None, *, runs_once: bool = False) -> Callable:
@@ -65,10 +84,11 @@ def structural_jit(fn: Callable | None = None, *, runs_once: bool = False) -> Ca
     looked up by structure first (see the module docstring). ``runs_once``: the
     program is compiled for a short compilation (:data:`RUNS_ONCE_OPTIONS`), for
     code that runs once per fit; ``@structural_jit(runs_once=True)`` as a decorator.
+    Otherwise (a loop's program) it starts with that short compilation and is compiled
+    at full optimisation once it has run long enough (:class:`_TieredProgram`).
     """
     if fn is None:
         return lambda f: structural_jit(f, runs_once=runs_once)
-    options = RUNS_ONCE_OPTIONS if runs_once else None
     traced: dict = {}
 
     def call(*args):
@@ -86,7 +106,7 @@ def structural_jit(fn: Callable | None = None, *, runs_once: bool = False) -> Ca
                 _nested_constants(closed.jaxpr),
             )
             entry = (
-                _program(key, closed.jaxpr, options),
+                _program(key, closed.jaxpr),
                 consts,
                 jax.tree_util.tree_structure(out_shape),
             )
@@ -106,8 +126,11 @@ def clear_program_cache() -> None:
 
 
 def program_cache_info() -> dict:
-    """``{"hits", "misses", "size"}`` of the compiled-program cache, for diagnostics and tests."""
-    return {**_STATS, "size": sum(len(p) for p in _PROGRAMS.values())}
+    """``{"hits", "misses", "size", "optimised"}`` of the compiled-program cache, for
+    diagnostics and tests; ``optimised``: the loop programs that have moved to XLA's
+    default optimisation (:class:`_TieredProgram`)."""
+    optimised = sum(p.tier == "optimised" for p in _PROGRAMS[False].values())
+    return {**_STATS, "size": sum(len(p) for p in _PROGRAMS.values()), "optimised": optimised}
 
 
 def enable_compilation_cache(path=None, min_compile_time_secs: float = 0.0) -> str:
@@ -130,8 +153,6 @@ def enable_compilation_cache(path=None, min_compile_time_secs: float = 0.0) -> s
     Returns:
         the directory used.
     """
-    import os
-
     path = os.path.expanduser(path or os.path.join("~", ".cache", "autocvi", "jax"))
     os.makedirs(path, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", path)
@@ -140,7 +161,7 @@ def enable_compilation_cache(path=None, min_compile_time_secs: float = 0.0) -> s
     return path
 
 
-def _program(key, jaxpr, options=None) -> Callable:
+def _program(key, jaxpr) -> Callable:
     programs = _PROGRAMS[key[0]]  # key[0]: runs_once
     program = programs.get(key)
     if program is not None:
@@ -152,11 +173,118 @@ def _program(key, jaxpr, options=None) -> Callable:
     def evaluate(consts, leaves):
         return jcore.jaxpr_as_fun(jcore.ClosedJaxpr(jaxpr, consts))(*leaves)
 
-    program = jax.jit(evaluate, compiler_options=options)
+    if key[0]:
+        program = jax.jit(evaluate, compiler_options=_supported(RUNS_ONCE_OPTIONS))
+    else:
+        program = _TieredProgram(evaluate)
     programs[key] = program
     while len(programs) > _MAX_PROGRAMS[key[0]]:
         programs.popitem(last=False)
     return program
+
+
+class _TieredProgram:
+    """A loop's program: compiled first with :data:`RUNS_ONCE_OPTIONS` (a third of the
+    compilation, code 2-3x slower), and at XLA's default optimisation once its runs have
+    taken :data:`TIER_UP_AFTER` times that compilation's seconds. With more than one core
+    the second compilation runs in a background thread while the first program goes on
+    running; on one core it runs before the next call. Kept in the program cache, so a
+    refit goes on from where the last fit left it (the optimised program, once built).
+
+    Until it tiers up, a call waits for its results (to time them): the callers read
+    every chunk's ELBOs at once anyway.
+    """
+
+    def __init__(self, evaluate: Callable):
+        self._jitted = jax.jit(evaluate)
+        self._fast = None
+        self._optimised = None
+        self._pending = None
+        self._compile_seconds = 0.0
+        self._ran_seconds = 0.0
+
+    def __call__(self, consts, leaves):
+        if self._optimised is None and self._pending is not None and self._pending.done():
+            self._optimised = self._pending.result()
+        if self._optimised is not None:
+            return self._optimised(consts, leaves)
+        if self._fast is None:
+            start = time.perf_counter()
+            lowered = self._jitted.lower(consts, leaves)
+            if _bytes_accessed(lowered) > FAST_TIER_MAX_BYTES:
+                self._optimised = _compile(lowered, None)
+                return self._optimised(consts, leaves)
+            self._fast = _compile(lowered, RUNS_ONCE_OPTIONS)
+            self._compile_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        out = jax.block_until_ready(self._fast(consts, leaves))
+        self._ran_seconds += time.perf_counter() - start
+        if self._pending is None and self._ran_seconds >= TIER_UP_AFTER * self._compile_seconds:
+            lowered = self._jitted.lower(consts, leaves)
+            if _cores() > 1:
+                self._pending = _background().submit(_compile, lowered, None)
+            else:
+                self._optimised = _compile(lowered, None)
+        return out
+
+    @property
+    def tier(self) -> str:
+        """``"fast"`` until the optimised program is in use, then ``"optimised"``."""
+        return "fast" if self._optimised is None else "optimised"
+
+
+def _bytes_accessed(lowered) -> float:
+    """XLA's estimate of the bytes one call reads and writes (0 when it has none)."""
+    try:
+        cost = lowered.cost_analysis() or {}
+        if isinstance(cost, (list, tuple)):  # older JAX: one dict per computation
+            cost = cost[0] if cost else {}
+        return float(cost.get("bytes accessed", 0.0))
+    except Exception:  # noqa: BLE001 - an estimate only: without it, the fast tier first
+        return 0.0
+
+
+def _compile(lowered, options):
+    """``lowered.compile(options)``, the options this XLA accepts (they are XLA debug
+    options, renamed or removed between releases: a missing one costs speed, not a fit)."""
+    return lowered.compile(_supported(options)) if options else lowered.compile()
+
+
+_SUPPORTED: dict[str, bool] = {}
+
+
+def _supported(options: dict | None) -> dict | None:
+    """The entries of ``options`` this XLA's CPU compiler knows (tried once each)."""
+    if not options:
+        return options
+    known = {}
+    for name, value in options.items():
+        if name not in _SUPPORTED:
+            try:
+                jax.jit(lambda x: x + 1).lower(np.float32(0)).compile({name: value})
+                _SUPPORTED[name] = True
+            except Exception:  # noqa: BLE001 - XLA raises a plain runtime error
+                _SUPPORTED[name] = False
+        if _SUPPORTED[name]:
+            known[name] = value
+    return known
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+_EXECUTOR = []
+
+
+def _background():
+    """One background thread for the optimised compilations (XLA releases the GIL)."""
+    if not _EXECUTOR:
+        _EXECUTOR.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="autocvi-xla"))
+    return _EXECUTOR[0]
 
 
 def _aval_key(x) -> str:

@@ -183,9 +183,8 @@ class FactorGraph:
         """``numpyro.deterministic`` sites in model order (functions of the latents)."""
         if self._site_fn_builder is None:
             return ()
-        if self._example_trace is None:
-            self._example_trace = self._site_fn_builder.run(self._example_values)
-        return tuple(n for n, s in self._example_trace.items() if s["type"] == "deterministic")
+        sites = self._trace_at_example().items()
+        return tuple(n for n, s in sites if s["type"] == "deterministic")
 
     @property
     def example_values(self) -> dict[str, Any]:
@@ -205,10 +204,14 @@ class FactorGraph:
     def example_site(self, name: str) -> tuple:
         """``(distribution, value)`` of site ``name`` at :attr:`example_values` (as
         ``site_fn(name)(example_values)``, from one run of the model per graph)."""
+        site = self._trace_at_example()[name]
+        return site["fn"], site["value"]
+
+    def _trace_at_example(self) -> dict:
+        """The model's trace at :attr:`example_values`, run once per graph and kept."""
         if self._example_trace is None:
             self._example_trace = self._site_fn_builder.run(self._example_values)
-        site = self._example_trace[name]
-        return site["fn"], site["value"]
+        return self._example_trace
 
     def factors_of(self, latent: str) -> tuple[str, ...]:
         """Names of the factors whose density depends on ``latent``."""
