@@ -399,6 +399,7 @@ class CVI:
             base.notes,
             base.user_graph,
         )
+        schedule.leaves, schedule.fitted_model = base.leaves, base.fitted_model
         return schedule
 
     def _trace(self, data, arrays) -> _Traced:

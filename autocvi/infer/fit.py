@@ -106,10 +106,12 @@ class FitResult:
 
         Every latent site, and (``deterministic=True``, as ``MCMC.get_samples``) every
         ``numpyro.deterministic`` site, computed from the latents' draws by running the
-        model on them with the fit's data and params. Models with subsampled plates get
-        the latents only: their deterministic sites exist per minibatch (run
-        ``Predictive`` on a model whose plates take the full size). The dict can be
-        passed to ``numpyro.infer.Predictive(model, posterior_samples=...)``.
+        model on them with the fit's data and params. Latents read by no factor but
+        their own density (``schedule.leaves``, :mod:`autocvi.analysis.leaves`) are drawn
+        the same way, from their prior conditional given each draw. Models with
+        subsampled plates get the latents only: their deterministic sites exist per
+        minibatch (run ``Predictive`` on a model whose plates take the full size). The
+        dict can be passed to ``numpyro.infer.Predictive(model, posterior_samples=...)``.
         """
         if isinstance(rng_key, int):
             rng_key = jax.random.PRNGKey(rng_key)
@@ -117,7 +119,7 @@ class FitResult:
         graph = self.schedule.user_graph or self.schedule.graph
         subsampled = any(f.subsampled for f in self.schedule.factors.values())
         wanted = deterministic and self._model is not None and not subsampled
-        names = graph.deterministic_names if wanted else ()
+        names = (*self.schedule.leaves, *(graph.deterministic_names if wanted else ()))
         if names:
             key = jax.random.fold_in(rng_key, 1)  # the model's own sampling, if any
             predictive = Predictive(
@@ -127,13 +129,16 @@ class FitResult:
                 out.update(predictive(key, **(self._data or {})))
             except Exception as err:  # noqa: BLE001 - the latents' draws stand on their own
                 warnings.warn(
-                    f"the deterministic sites {', '.join(map(repr, names))} could not be "
-                    f"computed from q's draws ({type(err).__name__}: {err}); the draws hold "
-                    "the latent sites only. Pass deterministic=False to skip them, or run "
-                    "numpyro.infer.Predictive(model, posterior_samples=draws) yourself.",
+                    f"the sites {', '.join(map(repr, names))} could not be computed from "
+                    f"q's draws ({type(err).__name__}: {err}); the draws hold the latent "
+                    "sites q holds only. Pass deterministic=False to skip the deterministic "
+                    "sites, or run numpyro.infer.Predictive(model, posterior_samples=draws) "
+                    "yourself.",
                     FitWarning,
                     stacklevel=2,
                 )
+            order = [*graph.latent_names, *names]
+            out = {n: out[n] for n in order if n in out}
         return out
 
     def _latent_draws(self, rng_key, num_samples: int) -> dict:
@@ -419,14 +424,15 @@ def fit(
     # q against the posterior only where the posterior is q's target: the beta-ELBO and
     # DLM aim elsewhere by design (a tempered or loss-calibrated q).
     if check and schedule.objective.is_elbo:
-        warn_mean_field_coupling(model, data or {}, schedule, posterior, params)
+        fitted = schedule.fitted_model or model  # without the leaves q does not hold
+        warn_mean_field_coupling(fitted, data or {}, schedule, posterior, params)
         key = jax.random.fold_in(rng_key, _IMPORTANCE_KEY)
         diagnostics.importance = check_importance(
-            model, data or {}, schedule, _guide_of(schedule), state.natural, params, key
+            fitted, data or {}, schedule, _guide_of(schedule), state.natural, params, key
         )
         warn_importance(diagnostics.importance)
     return FitResult(
-        posterior=posterior,
+        posterior=LeafExplainingDict(posterior, schedule.leaves),
         elbo=elbos,
         graph=schedule.graph,
         schedule=schedule,
@@ -443,6 +449,25 @@ def fit(
         _model=model,
         _data=data,
     )
+
+
+class LeafExplainingDict(dict):
+    """``FitResult.posterior``: a dict of q's sites whose missing keys that are leaves of
+    the model (:mod:`autocvi.analysis.leaves`) say where their draws are."""
+
+    def __init__(self, posterior: dict, leaves: tuple = ()):
+        super().__init__(posterior)
+        self.leaves = tuple(leaves)
+
+    def __missing__(self, name):
+        if name in self.leaves:
+            raise KeyError(
+                f"{name!r} is read by no factor but its own density, so q holds it at its "
+                f"prior conditional given the other latents, exactly, and has no "
+                f"distribution of its own for it: draw it with "
+                f"result.sample(key, n)[{name!r}] (or Predictive with result's guide)"
+            )
+        raise KeyError(name)
 
 
 # Folded into rng_key for the draws of the importance check (not the fit's own draws).

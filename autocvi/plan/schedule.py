@@ -46,6 +46,7 @@ from ..analysis.joint import (
     precondition_groups,
 )
 from ..analysis.layout import LatentLayout
+from ..analysis.leaves import describe_leaves, find_leaves, hold_sites
 from ..analysis.linear_predictor import find_linear_predictor, find_vector_predictor
 from ..analysis.objectives import Objective, as_objective, expected_log_likelihood
 from ..blocks.gaussian_block import find_block
@@ -138,6 +139,11 @@ class Schedule:
     # Local latents integrated into their child's expectation
     # (autocvi.analysis.integrate): q(u) p(f | u), as SVGP; not nodes of the schedule.
     integrated: tuple = ()
+    # Latents read by no factor but their own density (autocvi.analysis.leaves): held at
+    # their prior conditional, out of the fit; ``fitted_model`` is the model without them
+    # (None when there are none), the one q is fitted to and checked against.
+    leaves: tuple = ()
+    fitted_model: Callable | None = field(default=None, repr=False)
     # Messages from a subsampled factor to a global Gaussian held as per-element sites
     # (SiteMemory): their estimate's variance vanishes at the fixed point.
     site_memory: tuple = ()
@@ -342,6 +348,17 @@ def plan(
     integrate = options.pop("integrate_conditionals", None)
     precondition = options.pop("precondition", True)
     user_graph = graph = trace(model, data, init_strategy=init_strategy)
+    # Latents nothing else reads are held at their prior conditional, out of the fit.
+    leaves = find_leaves(graph)
+    fitted_model = None
+    if leaves:
+        held = hold_sites(model, {n: graph.example_values[n] for n in leaves})
+        held_graph = trace(held, data, init_strategy=init_strategy)
+        if set(leaves).isdisjoint(held_graph.latent_names):  # not inside a scan's body
+            model, graph, fitted_model = held, held_graph, held
+        else:
+            leaves = ()
+    fitted_graph = graph
     groups, notes = [], []
     if structure == "joint":
         groups, notes = find_joint_groups(graph, latent_layouts(graph))
@@ -351,19 +368,22 @@ def plan(
         graph = classify_graph(integrate_conditionals(graph, integrations))
         if structure == "joint":
             groups, notes = find_joint_groups(graph, latent_layouts(graph))
-    notes = [*notes, *(it.describe() for it in integrations)]
+    leaf_notes = [describe_leaves(leaves)] if leaves else []
+    notes = [*leaf_notes, *notes, *(it.describe() for it in integrations)]
     fired = [it for it in integrations if it.fires]
-    hazards = tuple(mean_field_hazards(user_graph, latent_layouts(user_graph), fired, groups))
+    layouts = latent_layouts(fitted_graph)
+    hazards = tuple(mean_field_hazards(fitted_graph, layouts, fired, groups))
     # The user's observed sites (a joint group's members become observed sites of the
     # rewritten model, but their densities are priors, not losses).
-    options.setdefault("likelihoods", _likelihood_factors(user_graph))
+    options.setdefault("likelihoods", _likelihood_factors(fitted_graph))
     if not groups:
         schedule = build_schedule(graph, num_samples=num_samples, step_size=step_size, **options)
         schedule.notes = (*notes, *schedule.notes)
         schedule.integrated = tuple(it for it in integrations if it.fires)
         schedule.hazards = hazards
-        if schedule.integrated:
+        if schedule.integrated or leaves:
             schedule.user_graph = user_graph
+        schedule.leaves, schedule.fitted_model = leaves, fitted_model
         return schedule
     start = graph.example_values
     if init_strategy is None:  # the user's strategy is followed as given
@@ -399,6 +419,7 @@ def plan(
     schedule.user_graph = user_graph
     schedule.integrated = tuple(it for it in integrations if it.fires)
     schedule.hazards = hazards
+    schedule.leaves, schedule.fitted_model = leaves, fitted_model
     return schedule
 
 
