@@ -13,6 +13,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
+from numpyro.contrib.control_flow import scan
 from scipy import stats
 
 import autocvi
@@ -75,6 +76,38 @@ def test_a_predictive_draw_inside_the_model_keeps_its_own_tails():
     y_new = np.asarray(result.sample(jax.random.PRNGKey(1), 40_000)["y_new"])
     tail = np.mean(np.abs(y_new) > stats.t(3).ppf(0.975))
     assert 0.04 < tail < 0.06, tail  # two-sided 5%, MC sd 0.001
+
+
+def _state_space(with_unused: bool):
+    def model(y=None):
+        s = numpyro.sample("s", dist.HalfNormal(1.0))
+
+        def step(carry, t):
+            x = numpyro.sample("x", dist.Normal(carry, s))
+            numpyro.sample("obs", dist.Normal(x, 1.0), obs=jnp.asarray(y)[t])
+            if with_unused:
+                return x, numpyro.sample("unused", dist.Normal(x, 1.0))
+            return x, x
+
+        scan(step, 0.0, jnp.arange(5))
+
+    return model
+
+
+def test_a_leaf_inside_a_scan_body_is_held_and_leaves_the_rest_unchanged():
+    """A per-step draw nothing reads, inside ``scan``: the other latents' q is the q of the
+    model without it (exactness of holding it), and its draws given x have the
+    conditional's sd 1."""
+    data = {"y": np.arange(5.0)}
+    with_leaf = autocvi.fit(_state_space(True), data, progress_bar=False)
+    without = autocvi.fit(_state_space(False), data, progress_bar=False)
+    assert with_leaf.schedule.leaves == ("unused",) and without.schedule.leaves == ()
+    draws = with_leaf.sample(jax.random.PRNGKey(0), 20_000)
+    reference = without.sample(jax.random.PRNGKey(0), 20_000)
+    for site in ("x", "s"):
+        np.testing.assert_allclose(draws[site].mean(0), reference[site].mean(0), atol=1e-4)
+        np.testing.assert_allclose(draws[site].std(0), reference[site].std(0), rtol=1e-4)
+    np.testing.assert_allclose((draws["unused"] - draws["x"]).std(0), 1.0, rtol=0.03)
 
 
 def test_a_latent_that_other_factors_read_is_not_a_leaf():

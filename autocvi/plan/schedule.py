@@ -353,8 +353,11 @@ def plan(
     fitted_model = None
     if leaves:
         held = hold_sites(model, {n: graph.example_values[n] for n in leaves})
-        held_graph = trace(held, data, init_strategy=init_strategy)
-        if set(leaves).isdisjoint(held_graph.latent_names):  # not inside a scan's body
+        try:
+            held_graph = trace(held, data, init_strategy=init_strategy)
+        except ModelError:  # the model cannot run with them held: they keep a q
+            held_graph = graph
+        if set(leaves).isdisjoint(held_graph.latent_names):
             model, graph, fitted_model = held, held_graph, held
         else:
             leaves = ()
