@@ -309,24 +309,12 @@ RAT_TUMOURS_SIGMA = (0.603, 0.105)
 
 
 def _nuts_moments(make_model, site):  # pragma: no cover - regenerates the stored references
-    """NUTS's mean and sd of ``site`` (2 chains x 4000 draws, 2000 warmup, target_accept
-    0.95, seed 0): minutes. ``_nuts_moments(_rat_tumours, "sigma")`` regenerates
-    RAT_TUMOURS_SIGMA; ``_nuts_moments(_grouped_regression, "tau")``
-    GROUPED_REGRESSION_TAU."""
-    from numpyro.infer import MCMC, NUTS
+    """NUTS's mean and sd of ``site`` (:func:`nuts_reference.nuts_samples`): minutes.
+    ``_nuts_moments(_rat_tumours, "sigma")`` regenerates RAT_TUMOURS_SIGMA;
+    ``_nuts_moments(_grouped_regression, "tau")`` GROUPED_REGRESSION_TAU."""
+    from nuts_reference import nuts_samples
 
-    model, data = make_model()
-    mcmc = MCMC(
-        NUTS(model, target_accept_prob=0.95),
-        num_warmup=2000,
-        num_samples=4000,
-        num_chains=2,
-        chain_method="sequential",
-        progress_bar=False,
-    )
-    mcmc.run(jax.random.PRNGKey(0), **data)
-    mcmc.print_summary(exclude_deterministic=True)
-    s = np.asarray(mcmc.get_samples()[site])
+    s = np.asarray(nuts_samples(make_model)[site])
     return round(float(s.mean()), 3), round(float(s.std()), 3)
 
 

@@ -155,21 +155,11 @@ def _studentt_imputation():
 
 def _nuts_imputation():  # pragma: no cover - regenerates STUDENTT_IMPUTATION_NUTS
     """NUTS's 90% interval widths of y_unobserved at the missing positions and sd of sigma
-    (2 chains x 4000 draws, 2000 warmup, target_accept 0.95, seed 0)."""
-    from numpyro.infer import MCMC, NUTS
+    (:func:`nuts_reference.nuts_samples`)."""
+    from nuts_reference import nuts_samples
 
-    model, data = _studentt_imputation()
-    mcmc = MCMC(
-        NUTS(model, target_accept_prob=0.95),
-        num_warmup=2000,
-        num_samples=4000,
-        num_chains=2,
-        chain_method="sequential",
-        progress_bar=False,
-    )
-    mcmc.run(jax.random.PRNGKey(0), **data)
-    s = mcmc.get_samples()
-    missing = np.asarray(s["y_unobserved"])[:, ~data["mask"]]
+    s = nuts_samples(_studentt_imputation)
+    missing = np.asarray(s["y_unobserved"])[:, ~_studentt_imputation()[1]["mask"]]
     widths = np.subtract(*np.quantile(missing, [0.95, 0.05], axis=0))
     return [round(float(w), 3) for w in widths], round(float(np.std(s["sigma"])), 4)
 
