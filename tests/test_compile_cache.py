@@ -185,6 +185,15 @@ def test_a_heavy_loop_program_is_optimised_at_once(monkeypatch):
     np.testing.assert_allclose(np.array(got[0]), np.array(_closure(data)(x)[0]), rtol=1e-6)
 
 
+def test_a_loop_program_called_inside_a_callers_jit_is_inlined():
+    """A user may wrap a step in their own ``jax.jit`` (as with ``SVI.update``)."""
+    clear_program_cache()
+    data = jnp.ones(6)
+    f = structural_jit(_closure(data))
+    got = jax.jit(lambda x: f(x)[0] * 2.0)(jnp.float32(0.3))
+    np.testing.assert_allclose(float(got), 2.0 * float(_closure(data)(0.3)[0]), rtol=1e-6)
+
+
 def test_compile_options_this_xla_does_not_know_are_dropped():
     """XLA's debug options come and go between releases: an unknown one is left out (a
     missing option costs speed, never a fit)."""

@@ -204,6 +204,8 @@ class _TieredProgram:
         self._ran_seconds = 0.0
 
     def __call__(self, consts, leaves):
+        if any(isinstance(x, jax.core.Tracer) for x in (*consts, *leaves)):
+            return self._jitted(consts, leaves)  # inside a caller's jit or vmap: inlined
         if self._optimised is None and self._pending is not None and self._pending.done():
             self._optimised = self._pending.result()
         if self._optimised is not None:
