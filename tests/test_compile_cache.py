@@ -185,6 +185,29 @@ def test_a_heavy_loop_program_is_optimised_at_once(monkeypatch):
     np.testing.assert_allclose(np.array(got[0]), np.array(_closure(data)(x)[0]), rtol=1e-6)
 
 
+def test_a_failed_optimised_compilation_leaves_the_fast_program_running(monkeypatch):
+    """The optimised compilation is a speed-up only: if it raises (memory, an XLA bug), the
+    fit goes on with the fast program's values instead of failing."""
+    clear_program_cache()
+    data = jnp.asarray(np.random.RandomState(3).normal(size=32), jnp.float32)
+    x = jnp.float32(0.3)
+    compile_for = compile_module._compile
+
+    def failing(lowered, options):
+        if not options:
+            raise RuntimeError("the optimised compilation failed")
+        return compile_for(lowered, options)
+
+    monkeypatch.setattr(compile_module, "_compile", failing)
+    monkeypatch.setattr(compile_module, "TIER_UP_AFTER", 0.0)
+    f = structural_jit(_closure(data))
+    for _ in range(5):
+        got = f(x)
+        time.sleep(0.05)
+    assert program_cache_info()["optimised"] == 0
+    np.testing.assert_allclose(np.array(got[0]), np.array(_closure(data)(x)[0]), rtol=1e-6)
+
+
 def test_a_loop_program_called_inside_a_callers_jit_is_inlined():
     """A user may wrap a step in their own ``jax.jit`` (as with ``SVI.update``)."""
     clear_program_cache()

@@ -30,7 +30,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import jax
 import numpy as np
@@ -197,6 +197,7 @@ class _TieredProgram:
 
     def __init__(self, evaluate: Callable):
         self._jitted = jax.jit(evaluate)
+        self._lowered = None  # kept from the fast compilation for the optimised one
         self._fast = None
         self._optimised = None
         self._pending = None
@@ -207,7 +208,8 @@ class _TieredProgram:
         if any(isinstance(x, jax.core.Tracer) for x in (*consts, *leaves)):
             return self._jitted(consts, leaves)  # inside a caller's jit or vmap: inlined
         if self._optimised is None and self._pending is not None and self._pending.done():
-            self._optimised = self._pending.result()
+            # a failed optimised compilation leaves the fast program running
+            self._optimised = None if self._pending.exception() else self._pending.result()
         if self._optimised is not None:
             return self._optimised(consts, leaves)
         if self._fast is None:
@@ -218,15 +220,15 @@ class _TieredProgram:
                 return self._optimised(consts, leaves)
             self._fast = _compile(lowered, RUNS_ONCE_OPTIONS)
             self._compile_seconds = time.perf_counter() - start
+            self._lowered = lowered
         start = time.perf_counter()
         out = jax.block_until_ready(self._fast(consts, leaves))
         self._ran_seconds += time.perf_counter() - start
         if self._pending is None and self._ran_seconds >= TIER_UP_AFTER * self._compile_seconds:
-            lowered = self._jitted.lower(consts, leaves)
-            if _cores() > 1:
-                self._pending = _background().submit(_compile, lowered, None)
-            else:
-                self._optimised = _compile(lowered, None)
+            lowered, self._lowered = self._lowered, None
+            self._pending = (_background() if _cores() > 1 else _Now()).submit(
+                _compile, lowered, None
+            )
         return out
 
     @property
@@ -277,6 +279,20 @@ def _cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+class _Now:
+    """An executor that runs the job at once, in this thread (one core: nothing to gain
+    from a thread), with the same ``submit -> Future`` interface."""
+
+    @staticmethod
+    def submit(fn, *args) -> Future:
+        future = Future()
+        try:
+            future.set_result(fn(*args))
+        except Exception as err:  # noqa: BLE001 - kept in the future, as a thread would
+            future.set_exception(err)
+        return future
 
 
 _EXECUTOR = []
