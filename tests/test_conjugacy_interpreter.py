@@ -34,6 +34,7 @@ LDA_VALUES = {
 }
 REG_VALUES = {"w": jnp.asarray([0.3, -0.2, 0.8]), "b": jnp.asarray(0.4)}
 NG_VALUES = {"mu": jnp.asarray(0.3), "tau": jnp.asarray(1.7)}
+IG_VALUES = {"mu": jnp.asarray(0.3), "s2": jnp.asarray(1.3)}
 HIER_VALUES = {
     "mu": jnp.asarray(0.2),
     "tau": jnp.asarray(1.4),
@@ -271,6 +272,31 @@ CONJUGATE = [
         "Bernoulli",
         ("indicator(c)",),
     ),
+    (
+        "ig_variance",
+        lambda v: (dist.Normal(v["mu"], jnp.sqrt(v["s2"])), Y),
+        IG_VALUES,
+        "s2",
+        "InverseGamma",
+        ("log s2", "1/s2"),
+    ),
+    (
+        "ig_pow_variance",
+        lambda v: (dist.Normal(v["mu"], v["s2"] ** 0.5), Y),
+        IG_VALUES,
+        "s2",
+        "InverseGamma",
+        ("log s2", "1/s2"),
+    ),
+    (
+        # numpyro's InverseGamma is Gamma under x -> 1/x: its Jacobian is linear in log s2
+        "prior_inverse_gamma",
+        lambda v: (dist.InverseGamma(2.0, 3.0), v["s2"]),
+        IG_VALUES,
+        "s2",
+        "InverseGamma",
+        ("log s2", "1/s2"),
+    ),
 ]
 
 
@@ -429,6 +455,14 @@ NON_CONJUGATE = [
         "pi",
         "Dirichlet",
         ["exp"],
+    ),
+    (
+        "ig_as_scale",
+        lambda v: (dist.Normal(v["mu"], v["s2"]), Y),
+        IG_VALUES,
+        "s2",
+        "InverseGamma",
+        ["s2^-2", "(log s2, 1/s2)"],
     ),
 ]
 

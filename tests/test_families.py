@@ -24,6 +24,7 @@ from autocvi.families import (
     Categorical,
     Dirichlet,
     Gamma,
+    InverseGamma,
     MultivariateNormal,
     Normal,
     family_for_distribution,
@@ -39,6 +40,7 @@ STAT_NDIMS = {
     "Normal": (0, 0),
     "MultivariateNormal": (1, 2),
     "Gamma": (0, 0),
+    "InverseGamma": (0, 0),
     "Beta": (0, 0),
     "Dirichlet": (1,),
     "Categorical": (1,),
@@ -98,6 +100,12 @@ def gamma_case(a, b):
     return Case(Gamma, (a, b), (a - 1, -b), mu, z, a.shape, ())
 
 
+def inverse_gamma_case(a, b):
+    mu = (np.log(b) - sps.digamma(a), a / b)
+    z = 1.0 / _rng(a, b).gamma(a, 1 / b, (5,) + a.shape)
+    return Case(InverseGamma, (a, b), (-a - 1, -b), mu, z, a.shape, ())
+
+
 def beta_case(a, b):
     mu = (sps.digamma(a) - sps.digamma(a + b), sps.digamma(b) - sps.digamma(a + b))
     z = np.clip(_rng(a, b).beta(a, b, (5,) + a.shape), 1e-300, 1 - 1e-16)
@@ -130,6 +138,7 @@ MAKE_DIST = {
     "Normal": dist.Normal,
     "MultivariateNormal": lambda loc, tril: dist.MultivariateNormal(loc, scale_tril=tril),
     "Gamma": dist.Gamma,
+    "InverseGamma": dist.InverseGamma,
     "Beta": dist.Beta,
     "Dirichlet": dist.Dirichlet,
     "Categorical": lambda logits: dist.Categorical(logits=logits),
@@ -142,6 +151,7 @@ STRATEGIES = {
         mvn_case, floats(-3, 3, (2, 3)), floats(-1, 1, (2, 3)), floats(-1, 1, (2, 3, 3))
     ),
     "Gamma": st.builds(gamma_case, floats(0.1, 20, (3,)), floats(0.1, 10, (3,))),
+    "InverseGamma": st.builds(inverse_gamma_case, floats(0.1, 20, (3,)), floats(0.1, 10, (3,))),
     "Beta": st.builds(beta_case, floats(0.1, 20, (3,)), floats(0.1, 20, (3,))),
     "Dirichlet": st.builds(dirichlet_case, floats(0.1, 20, (2, 3))),
     "Categorical": st.builds(categorical_case, floats(-5, 5, (3, K_CAT))),
@@ -156,6 +166,9 @@ FIXED = {
         np.full((2, 3, 3), 0.4),
     ),
     "Gamma": lambda: gamma_case(np.array([0.5, 2.0, 10.0]), np.array([1.0, 3.0, 0.5])),
+    "InverseGamma": lambda: inverse_gamma_case(
+        np.array([2.5, 4.0, 10.0]), np.array([1.0, 3.0, 0.5])
+    ),
     "Beta": lambda: beta_case(np.array([0.5, 2.0, 10.0]), np.array([3.0, 2.0, 0.7])),
     "Dirichlet": lambda: dirichlet_case(np.array([[0.5, 2.0, 4.0], [5.0, 1.0, 0.3]])),
     "Categorical": lambda: categorical_case(np.array([[0.0, 1.0, -1.0, 2.0]] * 2 + [[3, 0, 0, 0]])),
@@ -422,6 +435,7 @@ BAD = {
     "Normal": lambda lam: (lam[0], -lam[1]),
     "MultivariateNormal": lambda lam: (lam[0], -lam[1]),
     "Gamma": lambda lam: (lam[0] * 0 - 1.5, lam[1]),
+    "InverseGamma": lambda lam: (lam[0] * 0 - 0.5, lam[1]),
     "Beta": lambda lam: (lam[0], lam[1] * 0 - 1.0),
     "Dirichlet": lambda lam: (lam[0].at[..., 0].set(-2.0),),
     "Categorical": lambda lam: (lam[0].at[..., 0].set(jnp.nan),),

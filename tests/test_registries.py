@@ -72,6 +72,7 @@ def test_gaussian_families_keep_an_indefinite_step_in_the_domain():
         (dist.Gamma(2.0, 1.0), "Gamma"),
         (dist.Chi2(3.0), "Gamma"),  # a subclass: matched by isinstance
         (dist.Exponential(2.0), "Gamma"),
+        (dist.InverseGamma(2.0, 1.0), "InverseGamma"),  # a TransformedDistribution
         (dist.Beta(2.0, 2.0), "Beta"),
         (dist.BetaProportion(0.3, 5.0), "Beta"),
         (dist.Dirichlet(jnp.ones(3)), "Dirichlet"),
@@ -117,6 +118,7 @@ def test_block_solvers_implement_the_protocol():
         dist.Gamma(2.0, 1.0),
         dist.Exponential(1.0),
         dist.Chi2(3.0),
+        dist.InverseGamma(2.0, 1.0),
         dist.Beta(1.0, 2.0),
         dist.Dirichlet(jnp.ones(3)),
         dist.Categorical(logits=jnp.zeros(3)),
@@ -137,6 +139,7 @@ _BATCHED_PRIOR = {
     "Normal": dist.Normal(0.0, 1.0).expand([2, 3]),
     "MultivariateNormal": dist.MultivariateNormal(jnp.zeros(3), jnp.eye(3)).expand([2]),
     "Gamma": dist.Gamma(2.0, 1.0).expand([2, 3]),
+    "InverseGamma": dist.InverseGamma(2.0, 1.0).expand([2, 3]),
     "Beta": dist.Beta(2.0, 2.0).expand([2, 3]),
     "Dirichlet": dist.Dirichlet(jnp.ones(3)).expand([2]),
     "Categorical": dist.Categorical(logits=jnp.zeros(4)).expand([2, 3]),

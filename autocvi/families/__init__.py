@@ -15,6 +15,7 @@ from .beta import Beta
 from .categorical import Categorical
 from .dirichlet import Dirichlet
 from .gamma import Gamma
+from .inverse_gamma import InverseGamma
 from .mvnormal import MultivariateNormal
 from .normal import Normal
 
@@ -23,6 +24,7 @@ __all__ = [
     "Normal",
     "MultivariateNormal",
     "Gamma",
+    "InverseGamma",
     "Beta",
     "Dirichlet",
     "Categorical",
@@ -34,7 +36,17 @@ __all__ = [
 ]
 
 FAMILIES: dict[str, Family] = {
-    f.name: f for f in (Normal, MultivariateNormal, Gamma, Beta, Dirichlet, Categorical, Bernoulli)
+    f.name: f
+    for f in (
+        Normal,
+        MultivariateNormal,
+        Gamma,
+        InverseGamma,
+        Beta,
+        Dirichlet,
+        Categorical,
+        Bernoulli,
+    )
 }
 
 
@@ -46,7 +58,7 @@ def family_for_distribution(d: dist.Distribution) -> Family | None:
     when the wrapped distribution has no event dimensions and
     ``MultivariateNormal`` (over the last axis) when it has exactly one; with
     two or more event dimensions it gives ``None``.  ``Exponential`` gives
-    ``Gamma``; ``CategoricalProbs``/``CategoricalLogits`` give ``Categorical``;
+    ``Gamma``; ``InverseGamma`` gives ``InverseGamma``; ``CategoricalProbs``/``CategoricalLogits`` give ``Categorical``;
     ``BernoulliProbs``/``BernoulliLogits`` give ``Bernoulli``.  Subclasses
     match their parent (``Chi2`` -> Gamma, ``BetaProportion`` -> Beta,
     ``OrderedLogistic`` -> Categorical). Each family's module declares what it

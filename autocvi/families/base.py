@@ -41,7 +41,7 @@ class Family(NamedTuple):
     ``event_ndim`` trailing dimensions of one value ``z``.
     """
 
-    name: str  # "Normal", "MultivariateNormal", "Gamma", "Beta", "Dirichlet", "Categorical", "Bernoulli"
+    name: str  # "Normal", "MultivariateNormal", "Gamma", "InverseGamma", "Beta", "Dirichlet", "Categorical", "Bernoulli"
     event_ndim: int  # 0: one family per array element; 1: the last axis is one event
     sufficient_statistics: Callable  # phi(z) -> tuple of arrays
     natural_to_mean: Callable  # lam -> mu   (tuples, same structure)

@@ -61,7 +61,7 @@ class FamilySpec:
     joint: bool = False  # cross-element products allowed (z z^T)
 
 
-Z1, Z2 = Mono(zp=1.0), Mono(zp=2.0)
+Z1, Z2, ZINV = Mono(zp=1.0), Mono(zp=2.0), Mono(zp=-1.0)
 
 FAMILIES = {
     "Normal": FamilySpec("Normal", (Z1, Z2), ("{s}", "{s}^2"), "real"),
@@ -69,6 +69,7 @@ FAMILIES = {
         "MultivariateNormal", (Z1, Z2), ("{s}", "{s} {s}^T"), "real", joint=True
     ),
     "Gamma": FamilySpec("Gamma", (LOGZ, Z1), ("log {s}", "{s}"), "positive"),
+    "InverseGamma": FamilySpec("InverseGamma", (LOGZ, ZINV), ("log {s}", "1/{s}"), "positive"),
     "Beta": FamilySpec("Beta", (LOGZ, LOGW), ("log {s}", "log(1-{s})"), "unit"),
     "Dirichlet": FamilySpec("Dirichlet", (LOGZ,), ("log {s}",), "simplex"),
     "Categorical": FamilySpec("Categorical", (IND,), ("indicator({s})",), "discrete"),
