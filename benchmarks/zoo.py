@@ -63,6 +63,8 @@ def svi_to_reach(name, model, data, ref, target, quick):
     from numpyro.optim import Adam
 
     svi_ref = ref["svi"]
+    if name in _zoo("models").SVI_MODELS:  # the model as written has no bounded SVI ELBO
+        model, data = _zoo("models").SVI_MODELS[name](data), {}
     steps = int(ref["settings"]["svi"]["steps"]) // (5 if quick else 1)
     m = D.SVIMethod("svi", AutoMultivariateNormal, Adam(svi_ref["best_lr"]))
     checkpoints = [int(round(x)) for x in np.linspace(0, steps, 51)[1:]]

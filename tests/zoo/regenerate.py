@@ -30,7 +30,6 @@ from pathlib import Path  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import numpyro  # noqa: E402
-import numpyro.distributions as dist  # noqa: E402
 from jax.example_libraries.optimizers import exponential_decay  # noqa: E402
 from numpyro.diagnostics import effective_sample_size, split_gelman_rubin  # noqa: E402
 from numpyro.infer import MCMC, NUTS, SVI, Trace_ELBO  # noqa: E402
@@ -40,7 +39,7 @@ from numpyro.optim import Adam  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests/, so that ``zoo`` imports
-from zoo.models import MODELS  # noqa: E402
+from zoo.models import MODELS, SVI_MODELS  # noqa: E402
 from zoo.scoring import CANONICALISE, canonicalise  # noqa: E402
 
 NUTS_SETTINGS = dict(
@@ -307,25 +306,6 @@ def missing_obs_nuts(samples, data):
     return samples, {"y_unobserved": {"indices": missing.tolist()}}, [note]
 
 
-def missing_obs_explicit(data):
-    """missing_obs_regression with the imputed responses as an explicit 20-d latent:
-    same joint density over (w, y_missing), but no flat dimensions (see notes)."""
-    X = np.asarray(data["X"])
-    mask = np.asarray(data["mask"])
-    obs, mis = np.flatnonzero(mask), np.flatnonzero(~mask)
-    y_obs = np.asarray(data["y_filled"])[obs]
-
-    def model():
-        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
-        mu = X @ w
-        with numpyro.plate("n_obs", obs.size):
-            numpyro.sample("y_observed", dist.Normal(mu[obs], 0.5), obs=y_obs)
-        with numpyro.plate("n_mis", mis.size):
-            numpyro.sample("y_unobserved", dist.Normal(mu[mis], 0.5))
-
-    return model
-
-
 def missing_obs_exact(data):
     """Closed-form posterior and log evidence (Gaussian prior, known noise 0.5)."""
     X = np.asarray(data["X"])
@@ -415,7 +395,7 @@ OVERRIDES = {
     ),
     "missing_obs_regression": dict(
         nuts_postprocess=missing_obs_nuts,
-        svi_model=missing_obs_explicit,
+        svi_model=SVI_MODELS["missing_obs_regression"],
         svi_note="SVI run on an equivalent model with y_unobserved as an explicit 20-d latent: "
         "on the model as written, AutoMultivariateNormal also covers the 80 observed rows' "
         "entries of y_unobserved, which have no density, so the ELBO is unbounded (their scale "
