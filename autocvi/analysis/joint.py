@@ -173,15 +173,26 @@ class JointGroup:
 
 
 def find_joint_groups(
-    graph: FactorGraph, layouts: dict[str, LatentLayout], max_dim: int = MAX_JOINT_DIM
+    graph: FactorGraph,
+    layouts: dict[str, LatentLayout],
+    max_dim: int = MAX_JOINT_DIM,
+    joint_sites: tuple[str, ...] = (),
 ) -> tuple[list[JointGroup], list[str]]:
     """The joint groups of a classified graph (rules in the module docstring).
+
+    ``joint_sites``: continuous latents to join the candidates their factors touch
+    although every factor is conjugate to their own family (a Gamma precision that
+    the posterior couples with the effects it scales; ``fit`` names them when its
+    coupling check finds mean-field too narrow there): each factor that reads one
+    links it with the other candidates it reads, as a non-conjugate factor would.
 
     Returns:
         ``(groups, notes)``: the groups with two or more members or one
         member whose plate elements are coupled, and one line per group that
         was too large and stays split (for ``plan()``).
     """
+    check_joint_sites(graph, layouts, joint_sites)
+    forced = set(joint_sites)
     candidates = []
     for name in graph.latent_names:
         lay = layouts[name]
@@ -194,7 +205,7 @@ def find_joint_groups(
             for f in graph.factors.values()
             if name in f.latents and f.name != name
         )
-        if gaussian or nonconj:
+        if gaussian or nonconj or name in forced:
             candidates.append(name)
     candidates += _coupled_hyperparameters(graph, layouts, set(candidates))
     cand = set(candidates)
@@ -212,7 +223,7 @@ def find_joint_groups(
         inside = [n for n in fac.latents if n in cand]
         if not inside:
             continue
-        nonconj = [n for n in inside if not graph.edges[(fac.name, n)].conjugate]
+        nonconj = [n for n in inside if not graph.edges[(fac.name, n)].conjugate or n in forced]
         gauss = [
             n
             for n in inside
@@ -275,6 +286,21 @@ def find_joint_groups(
             continue
         groups.append(JointGroup("q(" + ",".join(members) + ")", tuple(built), "; ".join(reasons)))
     return groups, notes
+
+
+def check_joint_sites(graph: FactorGraph, layouts: dict[str, LatentLayout], names) -> None:
+    """A ``ValueError`` naming the site unless every name is a continuous latent."""
+    for name in names:
+        if name not in graph.latent_names:
+            raise ValueError(
+                f"joint_sites: {name!r} is not a latent site of the model; its latent "
+                f"sites are {', '.join(graph.latent_names)}"
+            )
+        if layouts[name].discrete:
+            raise ValueError(
+                f"joint_sites: {name!r} is discrete; only continuous latents can share a "
+                "joint Gaussian q"
+            )
 
 
 def _small_global(graph: FactorGraph, layouts: dict[str, LatentLayout], name: str) -> bool:

@@ -126,6 +126,10 @@ class Diagnostics:
             both say q misses posterior mass); None where it was not computed. It
             judges q as an approximation, not the optimisation, so it does not
             change ``trustworthy`` or ``converged``.
+        couplings: latents whose sds mean-field between q's factors shrinks well below
+            the posterior's (:class:`autocvi.infer.coupling.Coupling`; ``fit`` warns).
+        refit: what ``fit``'s refit of such latents in a joint Gaussian found, or None
+            where it was not tried (:func:`autocvi.fit`).
     """
 
     non_finite_elbo: list = field(default_factory=list)
@@ -143,6 +147,10 @@ class Diagnostics:
     hazards: list = field(default_factory=list)
     # an ImportanceCheck (typed loosely: autocvi.infer.importance imports this module)
     importance: object = None
+    # autocvi.infer.coupling.Coupling per latent mean-field shrinks (fit's check)
+    couplings: list = field(default_factory=list)
+    # what fit's refit of coupled small globals in a joint Gaussian found (None: not tried)
+    refit: str | None = None
 
     @property
     def trustworthy(self) -> bool:

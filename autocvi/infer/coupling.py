@@ -22,6 +22,7 @@ ill-conditioned for the working precision.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import jax.numpy as jnp
 import numpy as np
@@ -34,22 +35,59 @@ from ..analysis.constrained import Constrained, normal_chain
 from ..analysis.precondition import local_quadratic, newton_centre
 from .convergence import FitWarning
 
-__all__ = ["coupling_warnings", "warn_mean_field_coupling", "SD_RATIO_LIMIT"]
+__all__ = [
+    "Coupling",
+    "coupling_warnings",
+    "mean_field_couplings",
+    "warn_mean_field_coupling",
+    "SD_RATIO_LIMIT",
+]
 
 # Warn when mean-field shrinks a coordinate's sd below this fraction of its marginal's.
 SD_RATIO_LIMIT = 0.7
 MAX_COORDINATES = 200
 
 
-def warn_mean_field_coupling(model, data: dict, schedule, posterior: dict, params: dict):
-    """Issue a :class:`FitWarning` per latent :func:`coupling_warnings` finds."""
-    for message in coupling_warnings(model, data, schedule, posterior, params):
-        warnings.warn(message, FitWarning, stacklevel=3)
+@dataclass(frozen=True)
+class Coupling:
+    """A latent whose sd mean-field shrinks to ``ratio`` of the Laplace marginal's, and the
+    latent of another factor of q it is most correlated with (``corr``)."""
+
+    name: str
+    partner: str
+    corr: float
+    ratio: float
+
+    @property
+    def message(self) -> str:
+        return (
+            f"q treats {self.name!r} as independent of {self.partner!r} (mean-field), but the "
+            f"posterior couples them: near q's centre the log joint's curvature correlates "
+            f"them at {self.corr:+.2f}, so {self.name!r}'s sd is likely about "
+            f"{self.ratio:.2f} of the posterior's (a Laplace estimate; the means can be off "
+            "too). Give both latents non-conjugate priors (e.g. LogNormal instead of Gamma) "
+            "so that they share one joint Gaussian (plan option joint_sites), or compare "
+            "with NUTS or SVI's AutoMultivariateNormal."
+        )
+
+
+def warn_mean_field_coupling(couplings: list[Coupling]):
+    """Issue a :class:`FitWarning` per coupling."""
+    for c in couplings:
+        warnings.warn(c.message, FitWarning, stacklevel=3)
 
 
 def coupling_warnings(model, data: dict, schedule, posterior: dict, params: dict) -> list[str]:
-    """One line per latent whose sds mean-field shrinks below ``SD_RATIO_LIMIT`` of the
-    Laplace marginal's (module docstring); [] when the check does not apply."""
+    """:func:`mean_field_couplings`' warnings, one line each."""
+    return [c.message for c in mean_field_couplings(model, data, schedule, posterior, params)]
+
+
+def mean_field_couplings(
+    model, data: dict, schedule, posterior: dict, params: dict
+) -> list[Coupling]:
+    """One :class:`Coupling` per latent whose sds mean-field shrinks below
+    ``SD_RATIO_LIMIT`` of the Laplace marginal's (module docstring); [] when the check
+    does not apply."""
     graph = schedule.user_graph or schedule.graph
     if (
         schedule.integrated
@@ -121,13 +159,9 @@ def coupling_warnings(model, data: dict, schedule, posterior: dict, params: dict
         others = np.flatnonzero(factor_of != factor_of[worst])
         partner = others[np.argmax(np.abs(corr[worst, others]))]
         out.append(
-            f"q treats {name!r} as independent of {order[site_of[partner]]!r} (mean-field), "
-            f"but the posterior couples them: near q's centre the log joint's curvature "
-            f"correlates them at {corr[worst, partner]:+.2f}, so {name!r}'s sd is likely "
-            f"about {ratio[worst]:.2f} of the posterior's (a Laplace estimate; the means "
-            "can be off too). Give both latents non-conjugate priors (e.g. LogNormal "
-            "instead of Gamma) so that they share one joint Gaussian, or compare with "
-            "NUTS or SVI's AutoMultivariateNormal."
+            Coupling(
+                name, order[site_of[partner]], float(corr[worst, partner]), float(ratio[worst])
+            )
         )
     return out
 

@@ -285,6 +285,10 @@ PLANNER_OPTIONS = {
     "precondition": "False keeps every joint group in its members' unconstrained coordinates; "
     "default True: a group whose curvature at the start is too ill-conditioned for the working "
     "precision (an uncentred predictor) gets affine coordinates that whiten it (plan() says so)",
+    "joint_sites": "names of continuous latents that join the joint Gaussian group of the "
+    "latents their factors touch although every factor is conjugate to their own family (a "
+    "Gamma precision and the effects it scales); fit() sets it itself when its coupling check "
+    "finds mean-field too narrow at a small global latent (default none)",
     "integrate_conditionals": "True integrates every local Gaussian latent whose conditional is "
     "linear-Gaussian in global Gaussians into its one child's expectation (q(u) p(f | u), as "
     "SVGP); False never; default None: where the estimated loss is smaller than mean-field's",
@@ -347,6 +351,7 @@ def plan(
         raise ValueError(f"structure must be one of {STRUCTURES}, got {structure!r}")
     integrate = options.pop("integrate_conditionals", None)
     precondition = options.pop("precondition", True)
+    joint_sites = tuple(options.pop("joint_sites", ()))
     user_graph = graph = trace(model, data, init_strategy=init_strategy)
     # Latents nothing else reads are held at their prior conditional, out of the fit.
     leaves = find_leaves(graph)
@@ -364,13 +369,13 @@ def plan(
     fitted_graph = graph
     groups, notes = [], []
     if structure == "joint":
-        groups, notes = find_joint_groups(graph, latent_layouts(graph))
+        groups, notes = find_joint_groups(graph, latent_layouts(graph), joint_sites=joint_sites)
     # Local Gaussian conditionals integrated into their child (q(u) p(f | u), as SVGP).
     integrations = find_integrations(graph, latent_layouts(graph), groups, integrate)
     if any(it.fires for it in integrations):
         graph = classify_graph(integrate_conditionals(graph, integrations))
         if structure == "joint":
-            groups, notes = find_joint_groups(graph, latent_layouts(graph))
+            groups, notes = find_joint_groups(graph, latent_layouts(graph), joint_sites=joint_sites)
     leaf_notes = [describe_leaves(leaves)] if leaves else []
     notes = [*leaf_notes, *notes, *(it.describe() for it in integrations)]
     fired = [it for it in integrations if it.fires]
