@@ -27,11 +27,14 @@ from autocvi.infer.importance import (
     K_LIMIT,
     SPREAD_LIMIT,
     SPREAD_Z,
+    SPREAD_Z_MIN,
     ImportanceCheck,
+    Spread,
     effective_sample_fraction,
     log_importance_ratios,
     pareto_k,
     spread_of,
+    spread_z_limit,
 )
 
 
@@ -79,7 +82,23 @@ def test_spread_of_finds_the_coordinate_q_is_too_narrow_at(sd_p):
         assert 1.0 / sd_p < spread.ratio < SPREAD_LIMIT
     assert check.too_narrow == (sd_p >= 1.5)
     if not check.too_narrow:
-        assert spread.ratio >= SPREAD_LIMIT or spread.z < SPREAD_Z
+        assert spread.ratio >= SPREAD_LIMIT or spread.z < spread.z_limit
+    assert spread.z_limit == SPREAD_Z_MIN  # five coordinates
+
+
+def test_the_spread_z_limit_is_a_bonferroni_bound():
+    """1% family-wise: Phi^-1(1 - 0.01 / d), clipped to [3, 4] (the zoo's calibration)."""
+    assert spread_z_limit(1) == spread_z_limit(7) == SPREAD_Z_MIN == 3.0
+    assert spread_z_limit(12) == pytest.approx(stats.norm.isf(0.01 / 12))
+    assert spread_z_limit(100) == pytest.approx(3.719, abs=1e-3)
+    assert spread_z_limit(10_000) == SPREAD_Z == 4.0
+
+
+def test_a_narrow_coordinate_among_few_counts_at_three_standard_errors():
+    """A spread at z 3.5 among two coordinates warns; among a thousand it does not."""
+    few = ImportanceCheck(0.5, 0.5, 4000, Spread("mu", 0.79, 3.5, spread_z_limit(2)))
+    many = ImportanceCheck(0.5, 0.5, 4000, Spread("u[3]", 0.79, 3.5, spread_z_limit(1000)))
+    assert few.too_narrow and not many.too_narrow
 
 
 def test_spread_of_exact_q_is_one_everywhere():
@@ -400,3 +419,50 @@ def test_checks_of_q_against_the_posterior_run_with_the_elbo_only():
         exact = autocvi.fit(model, data, progress_bar=False)
     assert tempered.diagnostics.importance is None
     assert exact.diagnostics.importance.ess > 0.999
+
+
+def _truncated_normal():
+    """Positive measurements as a user writes them: TruncatedNormal(mu, sigma, low=0)."""
+    rs = np.random.RandomState(33)
+    z = rs.normal(0.3, 1.0, size=400)
+    y = z[z > 0][:60]
+
+    def model(y=None):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 3.0))
+        sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+        with numpyro.plate("N", 60):
+            numpyro.sample("y", dist.TruncatedNormal(mu, sigma, low=0.0), obs=y)
+
+    return model, {"y": y}
+
+
+def _truncated_normal_exact_mu(y):
+    """Mean and sd of mu's exact marginal: the posterior on a 600 x 500 grid (scipy)."""
+    mu = np.linspace(-9.0, 3.0, 600)[:, None]
+    sigma = np.linspace(0.2, 6.0, 500)[None, :]
+    a = (0.0 - mu) / sigma
+    loglik = sum(stats.truncnorm.logpdf(v, a, np.inf, loc=mu, scale=sigma) for v in y)
+    logp = loglik + stats.norm.logpdf(mu, 0.0, 3.0) + stats.halfnorm.logpdf(sigma, scale=2.0)
+    w = np.exp(logp - logp.max())
+    w_mu = w.sum(axis=1) / w.sum()
+    mean = float(w_mu @ mu[:, 0])
+    return mean, float(np.sqrt(w_mu @ (mu[:, 0] - mean) ** 2))
+
+
+def test_a_gaussian_q_narrower_than_the_exact_posterior_warns_with_two_coordinates():
+    """A truncated-normal likelihood's (mu, sigma) posterior is a banana with a long
+    left tail in mu (exact grid: sd 1.30); the best Gaussian q (SVI's
+    AutoMultivariateNormal too) keeps about 0.45 of it. The spread rule reads mu's sd at
+    0.79 of the weighted draws' at z 3.6: among two coordinates that counts (a fixed
+    z >= 4 left it silent, converged=True)."""
+    model, data = _truncated_normal()
+    _, exact_sd = _truncated_normal_exact_mu(data["y"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = autocvi.fit(model, data, progress_bar=False)
+    q_sd = float(np.std(result.sample(jax.random.PRNGKey(1), 8000)["mu"]))
+    assert q_sd / exact_sd < 0.6  # the warning is deserved
+    check = result.diagnostics.importance
+    assert check.narrowest.coordinate == "mu" and check.narrowest.z_limit == SPREAD_Z_MIN
+    assert check.too_narrow, check
+    assert any("q is too narrow at 'mu'" in str(w.message) for w in caught)
