@@ -68,6 +68,19 @@ def test_options_are_kept_when_cvi_plans_again_for_new_data():
 
 
 @pytest.mark.parametrize(
+    "option", [{"precondition": False}, {"integrate_conditionals": False}, {"joint_sites": ()}]
+)
+def test_options_plan_decides_itself_survive_a_re_plan_for_new_data(option):
+    """plan() settles these before build_schedule; CVI's re-plan for new data (a
+    Gaussian block reads its predictors from the data) passed them on to build_schedule,
+    which raised a TypeError."""
+    cvi = autocvi.CVI(logistic, **option)
+    cvi.init(0, **_data(0))
+    state = cvi.init(0, **_data(1))  # new values, same shapes: re-planned
+    assert cvi.get_schedule(state).blocks
+
+
+@pytest.mark.parametrize(
     "call",
     [
         lambda: autocvi.CVI(logistic, use_quadature=False),

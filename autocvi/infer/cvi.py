@@ -388,11 +388,14 @@ class CVI:
         values = {**base.graph.example_values, **inputs}
         graph = replace(base.graph, _example_values=values)
         data_params = (p for p in graph.params if p.startswith(_DATA_PREFIX))
+        options = self._options(data_params)
+        for name in _planner.PLAN_ONLY_OPTIONS:  # decided by the base plan, kept below
+            options.pop(name, None)
         schedule = _planner.build_schedule(
             graph,
             num_samples=self.num_samples,
             step_size=self.step_size,
-            **self._options(data_params),
+            **options,
         )
         schedule.joint, schedule.notes, schedule.user_graph = (
             base.joint,

@@ -295,6 +295,11 @@ PLANNER_OPTIONS = {
 }
 
 
+# Options plan() decides itself before build_schedule (groups, integrations, coordinates):
+# a re-plan from a cached trace (CVI with new data) keeps their decisions and drops them.
+PLAN_ONLY_OPTIONS = ("integrate_conditionals", "precondition", "joint_sites")
+
+
 def check_planner_options(options: dict, caller: str, extra=()) -> dict:
     """``options`` if every name is a planner option (or in ``extra``), else a TypeError
     naming the unknown ones and listing the valid ones."""
