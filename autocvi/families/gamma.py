@@ -78,7 +78,11 @@ def mean_to_natural(mu):
 
 def log_partition(lam):
     """``A(lam) = lgamma(a) - a log b``; shape ``batch``."""
-    a, b = _shape_rate(lam)
+    return log_normaliser(*_shape_rate(lam))
+
+
+def log_normaliser(a, b):
+    """``lgamma(a) - a log b``: the log partition of Gamma(a, b) and InverseGamma(a, b)."""
     return gammaln(a) - a * jnp.log(b)
 
 

@@ -24,8 +24,9 @@ from jax.scipy.special import digamma, gammaln
 from numpyro import distributions as dist
 
 from .base import family_from_namespace, unwrap_distribution
+from .gamma import log_base_measure  # noqa: F401 - h(z) = 1 too; read by family_from_namespace
+from .gamma import log_normaliser, solve_shape
 from .gamma import moment_nodes as _gamma_moment_nodes
-from .gamma import solve_shape
 
 
 def _shape_rate(lam):
@@ -57,13 +58,7 @@ def mean_to_natural(mu):
 
 def log_partition(lam):
     """``A(lam) = lgamma(a) - a log b``; shape ``batch``."""
-    a, b = _shape_rate(lam)
-    return gammaln(a) - a * jnp.log(b)
-
-
-def log_base_measure(z):
-    """``log h(z) = 0``; shape ``z.shape``."""
-    return jnp.zeros(jnp.shape(z), dtype=jnp.result_type(z, float))
+    return log_normaliser(*_shape_rate(lam))
 
 
 def entropy(lam):
