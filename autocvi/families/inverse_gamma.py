@@ -24,8 +24,11 @@ from jax.scipy.special import digamma, gammaln
 from numpyro import distributions as dist
 
 from .base import family_from_namespace, unwrap_distribution
-from .gamma import log_base_measure  # noqa: F401 - h(z) = 1 too; read by family_from_namespace
-from .gamma import log_normaliser, solve_shape
+from .gamma import (
+    log_base_measure,  # noqa: F401 - h(z) = 1 too; read by family_from_namespace
+    log_normaliser,
+    solve_shape,
+)
 from .gamma import moment_nodes as _gamma_moment_nodes
 
 
