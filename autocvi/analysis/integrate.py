@@ -53,7 +53,7 @@ from ..families.base import unwrap_distribution
 from ..jaxpr import structural_jit
 from ..model.graph import FactorGraph
 from .expectations import GH_ORDER
-from .layout import LatentLayout
+from .layout import GAUSSIAN_Q_FAMILIES, LatentLayout
 from .linear_predictor import LinearPredictor, find_linear_predictor
 
 __all__ = [
@@ -65,7 +65,6 @@ __all__ = [
     "residual_predictor",
 ]
 
-_GAUSSIAN_Q = ("Normal", "MultivariateNormal")
 # Prior draws of the global latents behind the estimate of loc(u)'s prior variance.
 _PRIOR_DRAWS = 32
 # Gauss-Hermite rules tried in the residual of a non-conjugate child, smallest first; the
@@ -185,7 +184,7 @@ def mean_field_hazards(graph, layouts, integrations, joint_groups=()) -> list[st
     for f in graph.latent_names:
         if f in handled:
             continue
-        parents = _conditional_parents(graph, layouts, f, _GAUSSIAN_Q)
+        parents = _conditional_parents(graph, layouts, f, GAUSSIAN_Q_FAMILIES)
         if parents is None:
             continue
         others = [fac for fac in graph.factors.values() if f in fac.latents and fac.name != f]
@@ -253,7 +252,7 @@ def _conditional_parents(graph, layouts, f, families=("Normal",)):
     for p in parents:
         pvar = graph.variables[p]
         if (
-            layouts[p].q_family not in _GAUSSIAN_Q
+            not layouts[p].gaussian
             or layouts[p].transform is not None
             or not graph.edges[(f, p)].conjugate
             or any(pl.name in f_plates for pl in pvar.plates)

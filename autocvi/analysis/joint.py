@@ -84,7 +84,6 @@ __all__ = [
 MAX_JOINT_DIM = 2000
 # Global latents of at most this many values may join a group as hyperparameters.
 MAX_HYPER_DIM = 16
-_GAUSSIAN_Q = ("Normal", "MultivariateNormal")
 
 
 @dataclass(frozen=True)
@@ -199,7 +198,7 @@ def find_joint_groups(
         var = graph.variables[name]
         if lay.discrete or any(p.subsampled for p in var.plates):
             continue
-        gaussian = lay.q_family in _GAUSSIAN_Q and lay.whitening is None
+        gaussian = lay.gaussian and lay.whitening is None
         nonconj = any(
             not graph.edges[(f.name, name)].conjugate
             for f in graph.factors.values()
@@ -224,11 +223,7 @@ def find_joint_groups(
         if not inside:
             continue
         nonconj = [n for n in inside if not graph.edges[(fac.name, n)].conjugate or n in forced]
-        gauss = [
-            n
-            for n in inside
-            if graph.edges[(fac.name, n)].conjugate and layouts[n].q_family in _GAUSSIAN_Q
-        ]
+        gauss = [n for n in inside if graph.edges[(fac.name, n)].conjugate and layouts[n].gaussian]
         linked = set(nonconj)
         if nonconj or len(gauss) > 1:
             linked |= set(gauss)
@@ -250,7 +245,7 @@ def find_joint_groups(
         roots.setdefault(find(n), []).append(n)
     groups, notes = [], []
     for members in roots.values():
-        if not any(layouts[n].q_family in _GAUSSIAN_Q for n in members) and not (
+        if not any(layouts[n].gaussian for n in members) and not (
             len(members) > 1 and all(_small_global(graph, layouts, n) for n in members)
         ):
             # Only non-Gaussian exponential-family nodes (the Gamma factors of a

@@ -31,7 +31,17 @@ from ..model.coordinates import JointCoordinates
 from ..model.trace import ModelError
 from .constrained import Constrained
 
-__all__ = ["LatentLayout", "GAUSSIAN_PRIORS", "Reshaped", "make_layout", "site_posterior"]
+__all__ = [
+    "LatentLayout",
+    "GAUSSIAN_PRIORS",
+    "GAUSSIAN_Q_FAMILIES",
+    "Reshaped",
+    "make_layout",
+    "site_posterior",
+]
+
+# The q families that are Gaussians (LatentLayout.gaussian).
+GAUSSIAN_Q_FAMILIES = ("Normal", "MultivariateNormal")
 
 
 class Reshaped(TransformedDistribution):
@@ -110,6 +120,11 @@ class LatentLayout:
     @property
     def discrete(self) -> bool:
         return self.q_family in ("Categorical", "Bernoulli")
+
+    @property
+    def gaussian(self) -> bool:
+        """q is a Gaussian (elementwise or multivariate) over the site's coordinates."""
+        return self.q_family in GAUSSIAN_Q_FAMILIES
 
     def reference_natural(self, rng_key) -> tuple:
         """The family's reference natural parameter in this layout (structural probes)."""

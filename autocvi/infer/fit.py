@@ -365,7 +365,7 @@ def _refit_sites(result: FitResult) -> tuple[str, ...]:
             lay = node.layout
             if (
                 lay.discrete
-                or lay.q_family in ("Normal", "MultivariateNormal")
+                or lay.gaussian
                 or lay.plate_ndim
                 or int(np.prod(lay.shape)) > MAX_HYPER_DIM
             ):
