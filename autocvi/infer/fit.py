@@ -339,15 +339,19 @@ def fit(
 
 
 def _warn_at_caller(caught):
-    """Issue the recorded warnings again at the line that called :func:`fit`, under the
-    caller's filters (they were recorded so that only the kept fit's are shown)."""
+    """Issue the recorded warnings again under the caller's filters (they were recorded so
+    that only the kept fit's are shown): autocvi's ``FitWarning`` at the line that called
+    :func:`fit`, any other (a library's deprecation, say) where it was raised, so that a
+    default filter hides it as before (attributed to ``__main__`` it would show)."""
     frame = sys._getframe(2)
     registry = frame.f_globals.setdefault("__warningregistry__", {})
     module = frame.f_globals.get("__name__", "")
     for w in caught:
-        warnings.warn_explicit(
-            w.message, w.category, frame.f_code.co_filename, frame.f_lineno, module, registry
-        )
+        if issubclass(w.category, FitWarning):
+            where = (frame.f_code.co_filename, frame.f_lineno, module, registry)
+        else:
+            where = (w.filename, w.lineno)
+        warnings.warn_explicit(w.message, w.category, *where)
 
 
 def _refit_sites(result: FitResult) -> tuple[str, ...]:
