@@ -5,8 +5,6 @@
     python -m benchmarks report
 """
 
-from __future__ import annotations
-
 import re
 from pathlib import Path
 

@@ -5,8 +5,6 @@ unless the spec gives another), the reference the best final value of any method
 threshold's first iteration and loop time compared with the best SVI setting's ("Ratios").
 """
 
-from __future__ import annotations
-
 from functools import partial
 
 import numpy as np
@@ -161,8 +159,7 @@ def _mc(label, m):
 
 def markdown(spec, p) -> str:
     st, methods, fi = p["settings"], p["methods"], p["autocvi_fit_defaults"]
-    test = p["test_metric_label"]
-    unit = spec.get("unit", "nat")
+    test, unit = p["test_metric_label"], spec.get("unit", "nat")
     cols = [*D.METHOD_COLUMNS, *D.hit_columns(st["thresholds"], unit)]
     cols += spec.get("columns", ELBO_COLUMNS)
     if spec.get("mc_check"):
