@@ -76,9 +76,8 @@ def run(spec: dict, st: dict) -> dict:
     thresholds = st["thresholds"]
     methods, ref = D.experiment(entries, score, key=key, thresholds=thresholds, also=also, **opts)
     if spec.get("mc_check"):
-        svis = [k for k, m in methods.items() if m["kind"] == "svi"]
-        for label in ("autocvi", max(svis, key=lambda k: methods[k]["final"][key])):
-            m = methods[label]
+        svis = [m for m in methods.values() if m["kind"] == "svi"]
+        for m in (methods["autocvi"], max(svis, key=lambda m: m["final"][key])):
             m["elbo_mc"] = est(m["_run"].posterior_at(m["num_steps"]))
     out = {"title": spec["title"], "reference": ref, "autocvi_fit_defaults": fit}
     out.update(methods=methods, test_metric_label=spec.get("test_metric", (None,))[0])
