@@ -6,8 +6,6 @@ request). ``--quick`` shrinks step counts and Monte Carlo sizes for a smoke test
 then not representative, and are still written to ``benchmarks/results/``).
 """
 
-from __future__ import annotations
-
 import importlib
 import subprocess
 import sys

@@ -5,8 +5,6 @@ cannot drift from the code (``tests/test_docs.py`` checks it).
     python -m benchmarks conjugacy_table
 """
 
-from __future__ import annotations
-
 import runpy
 
 import autocvi
@@ -35,7 +33,6 @@ def render() -> str:
             detail = ", ".join(f"`{s}`" for s in v.statistics) if expected else v.reason
             row = f"`{case_id}`", _density(site_fn, values, v), f"{target} ~ {family}", verdict
             rows[expected].append((*row, detail.replace("|", "\\|").replace("\n", " ")))
-    rows_c, rows_n = rows[True], rows[False]
     head = ("case", "factor density (how its parameters depend on the latent)", "latent")
     return f"""# Which factors are conjugate
 
@@ -53,13 +50,13 @@ factor's jaxpr), so the spelling does not matter: probs or logits, scale or
 precision, `expand` or a plate, `deterministic`, `jit`, `cond` all give the
 same verdict.
 
-## Conjugate pairs ({len(rows_c)} cases)
+## Conjugate pairs ({len(rows[True])} cases)
 
-{D.md_table(head + ("verdict", "statistics of the latent in the log density"), rows_c)}
+{D.md_table(head + ("verdict", "statistics of the latent in the log density"), rows[True])}
 
-## Non-conjugate pairs ({len(rows_n)} cases)
+## Non-conjugate pairs ({len(rows[False])} cases)
 
-{D.md_table(head + ("verdict", "the classifier's reason"), rows_n)}
+{D.md_table(head + ("verdict", "the classifier's reason"), rows[False])}
 """
 
 

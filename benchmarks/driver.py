@@ -2,8 +2,6 @@
 (autocvi, NumPyro SVI, BayesPy), the timed runner :func:`run`, the common scorer
 :class:`ELBOEstimator`, :func:`experiment`, and the report helpers (tables, plots, writer)."""
 
-from __future__ import annotations
-
 import contextlib
 import datetime as _dt
 import importlib
@@ -13,7 +11,7 @@ import platform
 import subprocess
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -268,8 +266,8 @@ class Run:
     compile_time: float
     loop_times: list  # every timed repeat
     kept: dict  # iteration -> state (or snapshot)
-    per_iter_time_host_sync: float | None = None
-    checks: dict = field(default_factory=dict)
+    per_iter_time_host_sync: float | None
+    checks: dict
 
     def state_at(self, t: int):
         """The state after ``t`` iterations: kept, or replayed from the nearest kept one."""
@@ -325,10 +323,9 @@ def run(method, model, data, num_steps, *, keep=None, repeats=3, stepwise=None) 
             s = method.setup(model, data) if (mutable and rep) else state0
             ts, ob = [], []
             for i in range(1, num_steps + 1):
-                t = time.perf_counter()
-                s, o = method.step(s)
+                (dt,), (s, o) = timed(lambda s=s: method.step(s), 1)
+                ts.append(dt)
                 ob.append(o)
-                ts.append(time.perf_counter() - t)
                 if rep == 0 and i in keep:
                     kept[i] = keep_fn(s)
             step_times.append(ts)
@@ -348,8 +345,7 @@ def run(method, model, data, num_steps, *, keep=None, repeats=3, stepwise=None) 
                 np.allclose(fobj[:num_steps], obj, rtol=1e-4, atol=1e-3, equal_nan=True)
             )
         host = host if fused else None  # stepwise only: the step time is the loop time
-    r = Run(method, num_steps, np.asarray(obj), per_iter, setup, compile_time, times, kept, host)
-    r.checks.update(checks)
+    r = Run(method, num_steps, obj, per_iter, setup, compile_time, times, kept, host, checks)
     print(
         f"  {method.label}: {num_steps} iterations, {per_iter * 1e3:.3g} ms/iter, setup "
         f"{setup:.2f} s, compile {compile_time:.2f} s, final objective {r.objective[-1]:.4g}"
@@ -519,13 +515,11 @@ TIMING_COLUMNS = [
 
 def metric_lines(methods, key, x="iters", time=False):
     """Plot lines: ``record[key]`` of every method against ``record[x]`` (or loop time)."""
-    lines = []
+    floor, lines = (1e-5 if time else 0.05), []
     for label, m in methods.items():
         xs = np.asarray(m[x], float) * (m["per_iter_time"] if time else 1.0)
         style = "-" if m["kind"] == "svi" else "-o"
-        lines.append(
-            (np.maximum(xs, 1e-5 if time else 0.05), np.asarray(m[key], float), label, style)
-        )
+        lines.append((np.maximum(xs, floor), np.asarray(m[key], float), label, style))
     return lines
 
 

@@ -6,8 +6,6 @@ gamma factor model on synthetic data drawn from it.
     python -m benchmarks factor_models[:poisson_gamma|:gamma] [--quick]
 """
 
-from __future__ import annotations
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -93,7 +91,7 @@ SETTINGS = {
 QUICK = {"autocvi_num_steps": 30, "svi_num_steps": 600, "svi_grid_points": 25}
 
 
-def poisson_gamma_problem(st: dict) -> dict:
+def poisson_gamma_problem(st: dict):
     from sklearn.datasets import load_digits
 
     Y = load_digits().data[: st["num_images"]].astype(np.float32)
@@ -119,23 +117,21 @@ def poisson_gamma_problem(st: dict) -> dict:
     u, s, vt = np.linalg.svd(np.where(heldout, mean, Y), full_matrices=False)
     rmse = lambda pred: float(np.sqrt(np.mean((pred - Y)[heldout] ** 2)))  # noqa: E731
     svd = f"rank-{K} SVD of the mean-imputed training matrix (held-out RMSE)"
-    return {
-        "model": poisson_gamma,
-        "data": data,
-        "metrics": metrics,
-        "primary": ("heldout_rmse", "held-out RMSE of E[Z] E[W]"),
-        "secondary": ("heldout_poisson_nll", "held-out Poisson NLL per entry at E[Z] E[W]"),
-        "baselines": {
+    st.update(
+        primary=("heldout_rmse", "held-out RMSE of E[Z] E[W]"),
+        secondary=("heldout_poisson_nll", "held-out Poisson NLL per entry at E[Z] E[W]"),
+        baselines={
             "training mean (held-out RMSE)": rmse(np.full_like(Y, mean)),
             svd: rmse((u[:, :K] * s[:K]) @ vt[:K]),
         },
-        "shape": f"N = {N} images x D = {D_} pixels, K = {K}; {n_tr} training and {n_ho} held-out "
+        likelihood=f"N = {N} images x D = {D_} pixels, K = {K}; {n_tr} training and {n_ho} held-out "
         "entries",
-        "title": f"Poisson-gamma matrix factorisation, digits (N={N}, D={D_}, K={K})",
-    }
+    )
+    title = f"Poisson-gamma matrix factorisation, digits (N={N}, D={D_}, K={K})"
+    return poisson_gamma, data, metrics, title
 
 
-def gamma_problem(st: dict) -> dict:
+def gamma_problem(st: dict):
     rng = np.random.default_rng(st["data_seed"])
     D_, K, s2, (a, b) = st["D"], st["K"], st["sigma2"], st["hyperparameters"].values()
     Z_true = rng.gamma(a, 1.0 / b, size=(D_, K))
@@ -172,20 +168,19 @@ def gamma_problem(st: dict) -> dict:
             "cov_rel_error": error,
         }
 
-    return {
-        "model": gamma_factor_model,
-        "data": {"Y": jnp.asarray(Y), "K": K, "sigma2": s2, "a": a, "b": b},
-        "metrics": metrics,
-        "primary": ("test_nll", "test NLL per point (predictive, S draws of q)"),
-        "secondary": ("cov_rel_error", "||E[Z]E[Z]^T + s2 I - Sigma_true||_F / ||Sigma_true||_F"),
-        "baselines": {
+    st.update(
+        primary=("test_nll", "test NLL per point (predictive, S draws of q)"),
+        secondary=("cov_rel_error", "||E[Z]E[Z]^T + s2 I - Sigma_true||_F / ||Sigma_true||_F"),
+        baselines={
             "test NLL at the true Z": nll_at(cov_true),
             "test NLL at the empirical covariance of the training data": nll_at(empirical),
         },
-        "shape": f"N = {st['N_train']} training and {st['N_test']} test points, D = {D_}, K = {K}, "
+        likelihood=f"N = {st['N_train']} training and {st['N_test']} test points, D = {D_}, K = {K}, "
         f"sigma^2 = {s2:g}",
-        "title": f"Gamma factor model, synthetic (N={st['N_train']}, D={D_}, K={K})",
-    }
+    )
+    data = {"Y": jnp.asarray(Y), "K": K, "sigma2": s2, "a": a, "b": b}
+    title = f"Gamma factor model, synthetic (N={st['N_train']}, D={D_}, K={K})"
+    return gamma_factor_model, data, metrics, title
 
 
 PROBLEMS = {"poisson_gamma": poisson_gamma_problem, "gamma": gamma_problem}
@@ -224,26 +219,25 @@ def run(part, quick=False):
     hyper = st["hyperparameters"]
     if quick and part == "gamma":
         st["test_num_draws"] = 500
-    prob = PROBLEMS[part](st)
-    key, label = prob["primary"], prob["secondary"]
-    st.update(primary=key, secondary=label, baselines=prob["baselines"], likelihood=prob["shape"])
+    model, data, metrics, title = PROBLEMS[part](st)  # and the problem's settings, into st
+    key, label = st["primary"], st["secondary"]
     st["prior"] = "priors (shape, rate) " + ", ".join(f"{k} = {v:g}" for k, v in hyper.items())
     sites = ("Z", "W") if part == "poisson_gamma" else ("Z",)
 
     def lognormal(p):  # AutoNormal's q: Normal in the log space
         return {s: dist.LogNormal(p[f"{s}_auto_loc"], p[f"{s}_auto_scale"]) for s in sites}
 
-    steps, model, data = st["autocvi_num_steps"], prob["model"], prob["data"]
+    steps = st["autocvi_num_steps"]
     m = D.AutocviMethod(rng_key=st["autocvi_rng_key"], num_samples=st["autocvi_num_samples"])
     grid = [0] + D.log_grid(steps, st["svi_grid_points"], st["svi_grid_dense"])
     spec = {
         "cmd": f"factor_models:{part}",
-        "title": prob["title"] + (" **(--quick smoke test: not representative)**" if quick else ""),
+        "title": title + (" **(--quick smoke test: not representative)**" if quick else ""),
         "autocvi": [
             D.Entry(m, model, data, steps, grid, repeats=st["autocvi_repeats"], stepwise=True)
         ],
         "guides": {"": (AutoNormal, "AutoNormal", lognormal)},
-        "score": lambda q: {k: float(v) for k, v in prob["metrics"](q).items()},
+        "score": lambda q: {k: float(v) for k, v in metrics(q).items()},
         "key": key[0],
         "refine": ("svi", "autocvi"),  # lower is better, relative thresholds, no fit and targets
         **{"higher": False, "relative": True, "unit": "%", "fit": False, "targets": False},

@@ -2,8 +2,6 @@
 (TraceEnum_ELBO), each q(pi, mu, tau) scored by its collapsed ELBO (z summed out) and its
 mean-field ELBO with the optimal q(z): ``python -m benchmarks gaussian_mixture [--quick]``."""
 
-from __future__ import annotations
-
 import jax
 import jax.numpy as jnp
 import numpy as np

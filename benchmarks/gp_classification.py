@@ -5,8 +5,6 @@ test log-loss in bits through the GP conditional.
     python -m benchmarks gp_classification[:ionosphere|:sonar] [--quick]
 """
 
-from __future__ import annotations
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,13 +61,6 @@ def problem(Xtr, ytr, Xte, yte, log_l, log_sd):
     return {"K": K, "y": ytr}, lambda q: metric(q["f"].mean, q["f"].covariance_matrix)
 
 
-def load(name):
-    d = datasets.load(name)
-    X, Xte = (jnp.asarray(d[k], jnp.float64) for k in ("X", "X_te"))
-    y, yte = (jnp.asarray((np.ravel(d[k]) > 0).astype(np.float64)) for k in ("y", "y_te"))
-    return problem(X, y, Xte, yte, *POINT[name])
-
-
 POINT = {"ionosphere": (1.0, 2.5), "sonar": (-1.0, 6.0)}  # the papers' (log l, log sigma)
 DATASETS = {
     "ionosphere": "ionosphere.npz shipped split (280 train, 71 test), (log l, log sigma) = (1, 2.5) as in the PG-SVI paper",
@@ -98,7 +89,10 @@ QUICK = {"autocvi_num_steps": 20, "svi_num_steps": 1000, "svi_grid_points": 20}
 
 def run(name, quick=False):
     jax.config.update("jax_enable_x64", True)
-    data, metric = load(name)
+    d = datasets.load(name)
+    X, Xte = (jnp.asarray(d[k], jnp.float64) for k in ("X", "X_te"))
+    y, yte = (jnp.asarray((np.ravel(d[k]) > 0).astype(np.float64)) for k in ("y", "y_te"))
+    data, metric = problem(X, y, Xte, yte, *POINT[name])
     n = int(data["y"].shape[0])
     steps, guides = PER_DATASET[name]
     st = {**SETTINGS, "data": f"{DATASETS[name]}, N = {n}", "autocvi_num_steps": steps}

@@ -13,8 +13,6 @@ batched fit over data a block's prior depends on, so this drives the block's ``u
     python -m benchmarks gp_hyperparameters[:ionosphere|:sonar] [--quick]
 """
 
-from __future__ import annotations
-
 import dataclasses
 
 import jax

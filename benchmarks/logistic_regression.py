@@ -8,8 +8,6 @@
   block against SVI in float32, every q scored by its exact ELBO.
 """
 
-from __future__ import annotations
-
 from functools import partial
 
 import jax

@@ -5,8 +5,6 @@
     python -m benchmarks report
 """
 
-from __future__ import annotations
-
 import re
 from pathlib import Path
 
@@ -187,10 +185,8 @@ def render(results: Path = D.RESULTS) -> str:
     parts.append(OUTRO.rstrip())
     if missing:
         names = ", ".join(f"`{m}`" for m in missing)
-        parts.append(
-            f"## Not generated\n\nNo result files for: {names}. Run `python -m benchmarks`"
-        )
-        parts[-1] += " to produce them."
+        run = "Run `python -m benchmarks` to produce them."
+        parts.append(f"## Not generated\n\nNo result files for: {names}. {run}")
     return "\n\n".join(parts) + "\n"
 
 

@@ -5,8 +5,6 @@ unless the spec gives another), the reference the best final value of any method
 threshold's first iteration and loop time compared with the best SVI setting's ("Ratios").
 """
 
-from __future__ import annotations
-
 from functools import partial
 
 import numpy as np
@@ -78,9 +76,8 @@ def run(spec: dict, st: dict) -> dict:
     thresholds = st["thresholds"]
     methods, ref = D.experiment(entries, score, key=key, thresholds=thresholds, also=also, **opts)
     if spec.get("mc_check"):
-        svis = [k for k, m in methods.items() if m["kind"] == "svi"]
-        for label in ("autocvi", max(svis, key=lambda k: methods[k]["final"][key])):
-            m = methods[label]
+        svis = [m for m in methods.values() if m["kind"] == "svi"]
+        for m in (methods["autocvi"], max(svis, key=lambda m: m["final"][key])):
             m["elbo_mc"] = est(m["_run"].posterior_at(m["num_steps"]))
     out = {"title": spec["title"], "reference": ref, "autocvi_fit_defaults": fit}
     out.update(methods=methods, test_metric_label=spec.get("test_metric", (None,))[0])
@@ -161,8 +158,7 @@ def _mc(label, m):
 
 def markdown(spec, p) -> str:
     st, methods, fi = p["settings"], p["methods"], p["autocvi_fit_defaults"]
-    test = p["test_metric_label"]
-    unit = spec.get("unit", "nat")
+    test, unit = p["test_metric_label"], spec.get("unit", "nat")
     cols = [*D.METHOD_COLUMNS, *D.hit_columns(st["thresholds"], unit)]
     cols += spec.get("columns", ELBO_COLUMNS)
     if spec.get("mc_check"):
