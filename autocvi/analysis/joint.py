@@ -245,14 +245,17 @@ def find_joint_groups(
         roots.setdefault(find(n), []).append(n)
     groups, notes = [], []
     for members in roots.values():
-        if not any(layouts[n].gaussian for n in members) and not (
-            len(members) > 1 and all(_small_global(graph, layouts, n) for n in members)
+        if (
+            not any(layouts[n].gaussian for n in members)
+            and not (len(members) > 1 and all(_small_global(graph, layouts, n) for n in members))
+            and not forced.intersection(members)
         ):
             # Only non-Gaussian exponential-family nodes (the Gamma factors of a
             # Poisson-gamma factorisation): they keep their own families and
             # Fisher-route messages (CVI App. F, J, K), as the papers do. A few
             # global hyperparameters (alpha and beta of Gamma(lam | alpha, beta))
-            # do share one Gaussian: mean-field between them is what goes wrong.
+            # do share one Gaussian: mean-field between them is what goes wrong. So
+            # do the ones ``joint_sites`` names.
             continue
         if len(members) == 1 and members[0] not in coupled_elements:
             continue

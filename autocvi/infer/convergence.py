@@ -149,7 +149,7 @@ class Diagnostics:
     importance: object = None
     # autocvi.infer.coupling.Coupling per latent mean-field shrinks (fit's check)
     couplings: list = field(default_factory=list)
-    # what fit's refit of coupled small globals in a joint Gaussian found (None: not tried)
+    # what fit's refit of coupled latents in a joint Gaussian found (None: not tried)
     refit: str | None = None
 
     @property

@@ -17,7 +17,7 @@ import numpyro
 from numpyro.infer import Predictive
 
 from ..analysis.integrate import integrated_marginal
-from ..analysis.joint import MAX_HYPER_DIM, member_posteriors
+from ..analysis.joint import member_posteriors
 from ..analysis.layout import site_posterior
 from ..blocks.gaussian_block import _MAX_DENSE_POSTERIOR
 from ..engine.step import CVIState, cvi
@@ -280,12 +280,13 @@ def fit(
     Returns:
         a :class:`FitResult`.
 
-    Mean-field between a conjugate small global latent (a Gamma precision) and the
-    Gaussian it scales can be far too narrow (a centred hierarchy's group precision: sd
-    0.61 of NUTS's; a local-level model's precisions: 0.52-0.56). When the after-fit
-    coupling check finds that at such latents, ``fit`` fits again with them in the joint
-    Gaussian group of the latents they scale (planner option ``joint_sites``, a Gaussian
-    on their log scale) and keeps the refit if its ELBO is higher: both are ELBOs of the
+    Mean-field between a conjugate latent (a Gamma precision) and the Gaussian it
+    scales can be far too narrow (a centred hierarchy's group precision: sd 0.61 of
+    NUTS's; a local-level model's precisions: 0.52-0.56), and so can mean-field between
+    the Gamma factors U and V of a Poisson factorisation (means 0.7 sd off). When the
+    after-fit coupling check finds that at such latents, ``fit`` fits again with them in
+    the joint Gaussian group of what their factors touch (planner option
+    ``joint_sites``, a Gaussian on their unconstrained scale) and keeps the refit if its ELBO is higher: both are ELBOs of the
     same model, so the higher one is the q closer to the posterior in KL. The result's
     ``diagnostics.refit`` says what was tried and ``schedule.notes`` which fit was kept;
     the warnings are the kept fit's.
@@ -355,24 +356,20 @@ def _warn_at_caller(caught):
 
 
 def _refit_sites(result: FitResult) -> tuple[str, ...]:
-    """The latents :func:`fit` refits in a joint Gaussian: small global latents of a
-    continuous non-Gaussian family (Gamma, InverseGamma, Beta, Dirichlet) that the
-    coupling check names, as too narrow or as the partner of one."""
+    """The latents :func:`fit` refits in a joint Gaussian: latents of a continuous
+    non-Gaussian family (Gamma, InverseGamma, Beta, Dirichlet) that the coupling check
+    names, as too narrow or as the partner of one: a Gamma precision beside the effects
+    it scales, or the plated Gamma factors U and V of a Poisson factorisation, whose
+    posterior follows the ridge ``(U_k c, V_k / c)`` that mean-field cannot. The check
+    runs only on models of at most ``coupling.MAX_COORDINATES`` coordinates, which
+    bounds the joint Gaussian."""
     if result.schedule.learned:
         return ()
     out = []
     for c in result.diagnostics.couplings:
         for name in (c.name, c.partner):
             node = result.schedule.nodes.get(name)
-            if node is None or name in out:
-                continue
-            lay = node.layout
-            if (
-                lay.discrete
-                or lay.gaussian
-                or lay.plate_ndim
-                or int(np.prod(lay.shape)) > MAX_HYPER_DIM
-            ):
+            if node is None or name in out or node.layout.discrete or node.layout.gaussian:
                 continue
             out.append(name)
     return tuple(out)
@@ -397,7 +394,7 @@ def _fit_once(
     check,
     **planner_options,
 ) -> FitResult:
-    """One fit: :func:`fit` without its refit of coupled small globals."""
+    """One fit: :func:`fit` without its refit of coupled latents."""
     schedule = plan(
         model,
         data,
