@@ -402,7 +402,7 @@ autocvi's ELBO" is the first checkpoint at or above autocvi's ELBO. Speed-up = S
 to autocvi's ELBO / autocvi's warm seconds. Importance: `result.diagnostics.importance`, the
 Pareto-k and effective sample size of q's importance ratios over 4,000 draws; after-fit
 warnings: which of `fit`'s checks of q warned (the coupling check; the importance check:
-k > 0.7 and ESS < 5%, or "too narrow": q's sd below 0.85 of the importance-weighted sd at
+k > 0.7 and ESS < 5%, or "too narrow": q's sd below 0.87 of the importance-weighted sd at
 some coordinate; `docs/limitations.md`).
 
 **Summary**: {len(all_met)} of {len(res)} models ({100 * len(all_met) / max(len(res), 1):.0f}%) meet
