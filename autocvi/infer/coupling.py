@@ -196,4 +196,5 @@ def _unconstrained_centre(q, support):
         value = biject_to(support).inv(q.mean)
     except Exception:  # noqa: BLE001 - no mean, or a support without a bijection: no claim
         return None
-    return value if bool(jnp.all(jnp.isfinite(value))) else None
+    # numpy: the value is concrete, and jnp's ops outside a program compile one each
+    return value if bool(np.all(np.isfinite(np.asarray(value)))) else None

@@ -640,12 +640,13 @@ def run_loop(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=num_steps, desc="CVI", leave=False)
-    history = jnp.full((2 * _WINDOW,), jnp.nan)
+    # numpy inputs: jnp.full and jnp.asarray outside a program compile one program each
+    history = np.full((2 * _WINDOW,), np.nan, jnp.result_type(float))
     previous = None
     while len(log.elbos) < num_steps and not log.converged:
-        remaining = jnp.asarray(num_steps - len(log.elbos), jnp.int32)
+        remaining = np.asarray(num_steps - len(log.elbos), np.int32)
         state, history, values, done, steps, mean = run_chunk(
-            state, history, remaining, jnp.asarray(log.hold, jnp.int32)
+            state, history, remaining, np.asarray(log.hold, np.int32)
         )
         moved = None
         if shift is not None and previous is not None:
