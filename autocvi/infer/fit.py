@@ -286,10 +286,10 @@ def fit(
     the Gamma factors U and V of a Poisson factorisation (means 0.7 sd off). When the
     after-fit coupling check finds that at such latents, ``fit`` fits again with them in
     the joint Gaussian group of what their factors touch (planner option
-    ``joint_sites``, a Gaussian on their unconstrained scale) and keeps the refit if its ELBO is higher: both are ELBOs of the
-    same model, so the higher one is the q closer to the posterior in KL. The result's
-    ``diagnostics.refit`` says what was tried and ``schedule.notes`` which fit was kept;
-    the warnings are the kept fit's.
+    ``joint_sites``, a Gaussian on their unconstrained scale) and keeps the refit if its
+    ELBO is higher: both are ELBOs of the same model, so the higher one is the q closer
+    to the posterior in KL. The result's ``diagnostics.refit`` says what was tried and
+    ``schedule.notes`` which fit was kept; the warnings are the kept fit's.
     """
     check_planner_options(planner_options, "fit")
     if rng_key is None:
@@ -640,8 +640,7 @@ def run_loop(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=num_steps, desc="CVI", leave=False)
-    # numpy inputs: jnp.full and jnp.asarray outside a program compile one program each
-    history = np.full((2 * _WINDOW,), np.nan, jnp.result_type(float))
+    history = _empty_history()
     previous = None
     while len(log.elbos) < num_steps and not log.converged:
         remaining = np.asarray(num_steps - len(log.elbos), np.int32)
@@ -808,13 +807,13 @@ def run_restarts_loop(runner, state, num_steps: int, shift=None, progress_bar=Fa
         from tqdm.auto import tqdm
 
         bar = tqdm(total=size * num_steps, desc=f"CVI ({size} restarts)", leave=False)
-    history = jnp.full((size, 2 * _WINDOW), jnp.nan)
+    history = _empty_history(size)
     previous = None
     while not all(log.finished for log in logs):
         remaining = [0 if log.finished else num_steps - len(log.elbos) for log in logs]
         hold = [log.hold for log in logs]
         state, history, values, done, steps, mean = runner(
-            state, history, jnp.asarray(remaining, jnp.int32), jnp.asarray(hold, jnp.int32)
+            state, history, np.asarray(remaining, np.int32), np.asarray(hold, np.int32)
         )
         values, done = np.asarray(values), np.asarray(done)
         steps = jax.tree_util.tree_map(np.asarray, steps)
@@ -867,9 +866,9 @@ def _chunk_average_where(runner, state, mask):
     """:func:`_chunk_average` for the restarts where ``mask`` holds, by the vmapped chunk
     runner; the others get ``remaining = 0`` (frozen) and keep their natural parameters."""
     size = mask.shape[0]
-    history = jnp.full((size, 2 * _WINDOW), jnp.nan)
-    remaining = jnp.asarray(np.where(mask, _CHUNK, 0), jnp.int32)
-    hold = jnp.full((size,), _CHUNK, jnp.int32)
+    history = _empty_history(size)
+    remaining = np.asarray(np.where(mask, _CHUNK, 0), np.int32)
+    hold = np.full((size,), _CHUNK, np.int32)
     state, *_, mean = runner(state, history, remaining, hold)
     keep = jnp.asarray(mask)
 
@@ -914,13 +913,22 @@ def _natural(state):
     return state.natural
 
 
+def _empty_history(*restarts: int):
+    """The chunk runner's ELBO history before the first chunk (NaN), per restart.
+
+    Every caller of a chunk runner starts from this one value: numpy, so that no eager
+    jnp op compiles a program of its own, and of one type (strong float), because a
+    weakly typed history (``jnp.full(..., jnp.nan)``) is another input signature, and the
+    whole loop program would be compiled again for it."""
+    return np.full((*restarts, 2 * _WINDOW), np.nan, jnp.result_type(float))
+
+
 def _chunk_average(runner, state):
     """:func:`average_iterates` over ``2 * _WINDOW`` iterations, run by a chunk runner
     built with ``track=_natural`` (one chunk, held from stopping), so no second
     program with the step inside is compiled."""
-    history = jnp.full((2 * _WINDOW,), jnp.nan)
-    chunk = jnp.asarray(_CHUNK, jnp.int32)
-    state, *_, mean = runner(state, history, chunk, chunk)
+    chunk = np.asarray(_CHUNK, np.int32)
+    state, *_, mean = runner(state, _empty_history(), chunk, chunk)
     return state._replace(natural=mean)
 
 
