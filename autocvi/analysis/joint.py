@@ -103,9 +103,9 @@ class JointMember:
     def value(self, z):
         """The site's value from ``z`` (``(..., D)`` -> ``(...,) + shape``)."""
         lead = jnp.shape(z)[:-1]
-        # The array's own reshape: a numpy ``z`` (a concrete start) stays numpy, where
-        # jnp's ops outside a program would compile one program each.
-        u = z[..., self.offset : self.offset + self.size].reshape(lead + self.unconstrained_shape)
+        u = jnp.reshape(
+            z[..., self.offset : self.offset + self.size], lead + self.unconstrained_shape
+        )
         return u if self.transform is None else self.transform(u)
 
 
@@ -348,7 +348,7 @@ def choose_start(model, data: dict, graph: FactorGraph, groups: list[JointGroup]
     current = graph.example_values
     centre = dict(current)
     for g in groups:
-        centre.update(g.values(np.zeros((g.dim,), jnp.result_type(float))))
+        centre.update(g.values(jnp.zeros((g.dim,))))
     prior = prior_candidates(model, data)
     labelled = [("the prior median", v) for v in prior[:1]]
     labelled += [(f"prior draw {k} of the median's 15", v) for k, v in enumerate(prior[1:])]

@@ -452,11 +452,13 @@ def prior_candidates(
             value = init_to_uniform(site)
             samples = jnp.broadcast_to(value, (num_samples, *jnp.shape(value)))
         draws[site["name"]] = samples = np.asarray(samples)
-        # numpy: jnp.median and indexing outside a program compile one program each
-        # (0.15-0.3 s of a cold fit); the draws are concrete here.
+        # numpy, then back to a device array: jnp.median and indexing outside a program
+        # compile one program each (0.15-0.3 s of a cold fit), and the values keep the
+        # type the rest of the planner has always seen (a numpy scalar start changed
+        # the float32 path of an ill-conditioned fit).
         median = np.median(samples, axis=0)
         floating = np.issubdtype(samples.dtype, np.floating)
-        return median.astype(samples.dtype if floating else jnp.result_type(float))
+        return jnp.asarray(median.astype(samples.dtype if floating else jnp.result_type(float)))
 
     try:
         model_trace, _ = _run_model(model, data, seed, median_keeping_draws)
@@ -467,7 +469,7 @@ def prior_candidates(
         for name, site in model_trace.items()
         if site["type"] == "sample" and not site["is_observed"] and not _is_factor_site(site)
     }
-    return [median] + [{n: v[k] for n, v in draws.items()} for k in range(num_samples)]
+    return [median] + [{n: jnp.asarray(v[k]) for n, v in draws.items()} for k in range(num_samples)]
 
 
 def _densities_finite(model_trace: dict) -> bool:
