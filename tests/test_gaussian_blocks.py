@@ -252,7 +252,8 @@ def test_line_search_trial_handed_to_the_next_step_changes_nothing(model, data, 
     with_cache = jax.jit(block.update)
     without = jax.jit(lambda s, b: block.update(s, b)[:3])
     a = b = block.init_sites()
-    cache = block.empty_cache(a)
+    # (no Anderson history: the oracle takes plain steps)
+    cache = block.empty_cache(a, memory=0)
     hits = 0
     for _ in range(8):
         hits += int(
@@ -281,6 +282,110 @@ def test_line_search_trial_handed_to_the_next_step_changes_nothing(model, data, 
         ):
             np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
     assert hits == 7  # the cache was used on every step after the first
+
+
+WIDE_PRIOR_VARIANCE = float(np.exp(12.0))
+
+
+def wide_prior_classifier(y):
+    n = y.shape[0]
+    f = numpyro.sample("f", dist.MultivariateNormal(jnp.zeros(n), WIDE_PRIOR_VARIANCE * jnp.eye(n)))
+    with numpyro.plate("n", n):
+        numpyro.sample("y", dist.Bernoulli(logits=f), obs=y)
+
+
+def test_steps_of_cvi_update_take_cvi_runs_path():
+    # Each update continuing from the last one's state on the same data keeps the
+    # block's cache and Anderson history, so stepping by hand (as the benchmarks trace
+    # a run) follows the compiled loop of CVI.run. Without that, the second step
+    # already differs on this slowly contracting model.
+    y = (np.random.default_rng(1).uniform(size=20) < 0.5).astype(np.float64)
+    cvi = autocvi.CVI(wide_prior_classifier, tol=0.0)
+    state = cvi.init(jax.random.PRNGKey(0), y=y)
+    ran = cvi.run(None, 15, init_state=state, y=y).elbo
+    stepped = []
+    for _ in range(15):
+        state, elbo = cvi.update(state, y=np.array(y))  # equal values, another array
+        stepped.append(float(elbo))
+    np.testing.assert_allclose(stepped, ran, rtol=1e-9)
+
+
+def test_anderson_extrapolation_solves_a_linear_fixed_point_exactly():
+    # Oracle: for g(x) = M x + c in dimension d, the affine combination of d + 1 pairs
+    # (x_j, g(x_j)) with zero residual is the fixed point (I - M)^-1 c, and Anderson's
+    # step maps it through g: exact from d + 1 pairs in general position.
+    from autocvi.blocks.gaussian_block import _anderson
+
+    rng = np.random.default_rng(0)
+    d = 4
+    q, _ = np.linalg.qr(rng.normal(size=(d, d)))
+    M = q @ np.diag([0.95, 0.7, 0.4, -0.3]) @ q.T  # a slow mode, as CVI on sonar
+    c = rng.normal(size=d)
+    xs = [rng.normal(size=d)]
+    for _ in range(d):
+        xs.append(M @ xs[-1] + c)
+    points = jnp.asarray(np.stack(xs[:-1]))
+    history = {"points": points, "targets": points @ M.T + c, "count": jnp.asarray(d)}
+    x = jnp.asarray(xs[-1])
+    fixed_point = np.linalg.solve(np.eye(d) - M, c)
+    np.testing.assert_allclose(
+        _anderson(x, x @ M.T + c, history, ridge=0.0), fixed_point, rtol=1e-8
+    )
+    # the default ridge (1e-8 of the residual differences' scale) biases it a little
+    np.testing.assert_allclose(_anderson(x, x @ M.T + c, history), fixed_point, rtol=1e-3)
+    # no history: the plain step g(x)
+    empty = dict(history, count=jnp.asarray(0))
+    np.testing.assert_allclose(_anderson(x, x @ M.T + c, empty), x @ M.T + c, rtol=1e-12)
+
+
+def test_anderson_steps_reach_the_wide_prior_optimum_three_times_sooner():
+    # A prior variance of e^12 (sonar's kernel at the PG-SVI paper's hyperparameters):
+    # each CVI step contracts slowly. Oracle: with an iid prior the optimal Gaussian
+    # factorises, one two-parameter problem per label solved by Nelder-Mead on the
+    # same Gauss-Hermite rule.
+    from scipy import optimize
+
+    from autocvi.analysis.expectations import GH_ORDER
+
+    n, s2 = 30, WIDE_PRIOR_VARIANCE
+    y = (np.random.default_rng(0).uniform(size=n) < 0.5).astype(np.float64)
+
+    nodes, weights = np.polynomial.hermite_e.hermegauss(GH_ORDER)
+    weights = weights / weights.sum()
+
+    def neg_elbo(p, sign):
+        m, v = p[0], np.exp(p[1])
+        expected = np.sum(weights * -np.logaddexp(0.0, -sign * (m + np.sqrt(v) * nodes)))
+        return 0.5 * (v / s2 + m**2 / s2 - 1 - np.log(v / s2)) - expected
+
+    best = {
+        label: optimize.minimize(
+            neg_elbo, [0.0, np.log(s2)], args=(2 * label - 1,), method="Nelder-Mead",
+            options={"xatol": 1e-10, "fatol": 1e-12, "maxiter": 20000},
+        )
+        for label in (0.0, 1.0)
+    }  # fmt: skip
+    mean = np.array([best[label].x[0] for label in y])
+    var = np.exp([best[label].x[1] for label in y])
+    optimum = -float(sum(best[label].fun for label in y))
+
+    block = autocvi.plan(wide_prior_classifier, {"y": y}).blocks["f"]
+    update = jax.jit(block.update)
+
+    def steps_to_optimum(memory):
+        sites = block.init_sites()
+        cache = block.empty_cache(sites, memory=memory)
+        for step in range(1, 1001):
+            sites, elbo, _, cache = update(sites, 1.0, None, cache)
+            if abs(float(elbo) - optimum) < 1e-5:
+                return step, block.solve(sites)[0]
+        raise AssertionError(f"memory {memory}: {float(elbo)} after 1000 steps, {optimum}")
+
+    plain, _ = steps_to_optimum(0)
+    accelerated, marginals = steps_to_optimum(5)
+    assert 3 * accelerated <= plain, (accelerated, plain)  # 33 and 128 when written
+    assert np.max(np.abs(marginals.mean - mean) / np.sqrt(var)) < 1e-3
+    np.testing.assert_allclose(marginals.var, var, rtol=1e-3)
 
 
 def test_update_on_new_data_does_not_step_towards_the_old_datas_target():

@@ -166,16 +166,17 @@ def test_gp_classification_lengthscale_is_a_stationary_point_of_the_best_elbo():
 
 
 @pytest.mark.parametrize(
-    "atol",
+    "atol, rel",
     [
         # float32: the held param's block keeps K^-1 as a dense prior precision, whose
-        # rounding moves its optimum by ~2e-3 in f (its ELBO is 0.002 nat below the
-        # constant kernel's, which float64 matches to 1e-11)
-        pytest.param(5e-3, id="float32"),
-        pytest.param(1e-6, marks=pytest.mark.float64, id="float64"),
+        # rounding moves its optimum by ~2e-3 in f and its ELBO by a few thousandths of
+        # a nat, with a sign that depends on the CPU (0.002 nat below the constant
+        # kernel's on one machine, 0.0055 above on another; float64 matches to 1e-11)
+        pytest.param(5e-3, 5e-4, id="float32"),
+        pytest.param(1e-6, 1e-10, marks=pytest.mark.float64, id="float64"),
     ],
 )
-def test_held_param_kernel_block_equals_the_constant_kernel(atol):
+def test_held_param_kernel_block_equals_the_constant_kernel(atol, rel):
     """A kernel that reads a held param is not whitened: its Gaussian block has a
     dense prior precision, which the Markov solver once took for a diagonal one
     (the row sums of K^-1: NaN on this model, a wrong q on others)."""
@@ -190,7 +191,7 @@ def test_held_param_kernel_block_equals_the_constant_kernel(atol):
     held = autocvi.fit(gp_classification, dict(X=x, y=y), learn_params=False, progress_bar=False)
     const = autocvi.fit(constant_kernel, dict(X=x, y=y), progress_bar=False)
     assert "weight-space" in str(held.schedule) and held.converged
-    assert held.elbo[-1] == pytest.approx(const.elbo[-1], rel=1e-4)
+    assert held.elbo[-1] == pytest.approx(const.elbo[-1], rel=rel)
     np.testing.assert_allclose(held.posterior["f"].mean, const.posterior["f"].mean, atol=atol)
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 from numpyro.distributions import Distribution, constraints
@@ -48,6 +49,10 @@ from .block_solvers import BLOCK_SOLVERS, BlockSolver
 
 __all__ = ["GaussianBlock", "find_block", "BlockPosterior"]
 
+# Pairs of past sites and targets the step's Anderson extrapolation combines.
+ANDERSON_MEMORY = 5
+# Ridge of its least squares, relative to the mean squared residual difference.
+ANDERSON_RIDGE = 1e-8
 # Largest predictor Jacobian (elements) formed for the dense solvers.
 _MAX_JACOBIAN = 50_000_000
 # Blocks up to this dimension report a numpyro MultivariateNormal posterior;
@@ -190,11 +195,23 @@ class GaussianBlock:
         is a sampling estimate), so the line search's trial can hand it to the next step."""
         return not any(t.sampled for t in self.terms)
 
-    def empty_cache(self, sites) -> dict:
-        """A :meth:`update` cache that matches no sites (NaN never equals anything)."""
+    def empty_cache(self, sites, memory: int = ANDERSON_MEMORY) -> dict:
+        """A :meth:`update` cache that matches no sites (NaN never equals anything),
+        with room for ``memory`` past steps of Anderson extrapolation (0: plain CVI
+        steps)."""
         nan = jax.tree_util.tree_map(lambda x: jnp.full_like(x, jnp.nan), sites)
         zero = jnp.zeros((), jnp.result_type(float))
-        return {"sites": nan, "elbo": zero, "target": nan}
+        flat = jax.flatten_util.ravel_pytree(sites)[0]
+        history = jnp.zeros((memory, flat.size), flat.dtype)
+        return {
+            "sites": nan,
+            "elbo": zero,
+            "target": nan,
+            # The accepted sites and their targets, newest last (Anderson acceleration).
+            "points": history,
+            "targets": history,
+            "count": jnp.zeros((), jnp.int32),
+        }
 
     def _value_and_target(self, sites, key=None):
         """The block's ELBO term at ``sites`` and the CVI step's target sites there.
@@ -318,7 +335,15 @@ class GaussianBlock:
         """:meth:`update` with a cache: every evaluation, the sites' own on a miss
         included, is one ``_value_and_target`` call in one loop, so the compiled step
         holds the block's pass over the data once (its compilation was a third of a
-        Gaussian-block fit's cold time)."""
+        Gaussian-block fit's cold time).
+
+        The first candidate is Anderson's extrapolation (:func:`_anderson`) from the
+        accepted sites and targets of the last steps, when there are any: CVI's step is a
+        fixed-point iteration ``lam <- g(lam)`` that contracts slowly where q is far from
+        the likelihood's quadratic regime (a kernel with variance e^12 on sonar: ~300
+        steps to 0.1 nat), and the extrapolation is a secant method on it. If it does not
+        raise the ELBO, the plain step and its halvings follow and the history restarts.
+        """
         same = jnp.all(
             jnp.stack(
                 [
@@ -332,41 +357,67 @@ class GaussianBlock:
             )
         )
         b0 = jnp.asarray(beta, cache["elbo"].dtype)
+        flat_sites, unravel = jax.flatten_util.ravel_pytree(sites)
+        memory = cache["points"].shape[0]
+        extrapolate = (cache["count"] > 0) & (memory > 0)
 
-        # k = -2: the sites themselves (a cache miss only), k = -1: the full step, then
-        # each halving.
+        def candidate_at(k, target):
+            """k = -2: the sites themselves (a cache miss only), k = -1: the
+            extrapolation, k >= 0: the plain step halved k times."""
+            b = b0 * 0.5 ** jnp.maximum(k, 0).astype(b0.dtype)
+            flat_target = jax.flatten_util.ravel_pytree(target)[0]
+            plain = self._mix(sites, target, b)
+            if memory:
+                jumped = unravel(_anderson(flat_sites, flat_target, cache))
+                if not self.signed_sites:
+                    jumped = {f: (a, jnp.minimum(p, 0.0)) for f, (a, p) in jumped.items()}
+                plain = _where_tree(k == -1, jumped, plain)
+            return b, _where_tree(k == -2, sites, plain)
+
         def attempt(carry):
-            b, k, old_elbo, target, _, _, _ = carry
-            b = jnp.where(k < 0, b0, 0.5 * b)
-            candidate = _where_tree(k == -2, sites, self._mix(sites, target, b))
+            k, _, old_elbo, target, _, _, _ = carry
+            k = jnp.where(k == -3, -2, jnp.where(k == -2, jnp.where(extrapolate, -1, 0), k + 1))
+            b, candidate = candidate_at(k, target)
             value, new_target = self._value_and_target(candidate)
             at_sites = k == -2
             old_elbo = jnp.where(at_sites, value, old_elbo)
             target = _where_tree(at_sites, new_target, target)
-            return b, k + 1, old_elbo, target, value, new_target, candidate
+            return k, b, old_elbo, target, value, new_target, candidate
 
         def again(carry):
-            _, k, old_elbo, _, value, _, _ = carry
-            return (k < 0) | ((k < 12) & self._bad(value, old_elbo, self._slack(old_elbo)))
+            k, _, old_elbo, _, value, _, _ = carry
+            return (k <= -2) | ((k < 12) & self._bad(value, old_elbo, self._slack(old_elbo)))
 
         start = (
+            jnp.where(same, -2, -3).astype(jnp.int32),
             b0,
-            jnp.where(same, -1, -2).astype(jnp.int32),
             cache["elbo"],
             cache["target"],
             cache["elbo"],
             cache["target"],
             sites,
         )
-        b, _, old_elbo, target, value, new_target, candidate = jax.lax.while_loop(
+        k, b, old_elbo, target, value, new_target, candidate = jax.lax.while_loop(
             again, attempt, start
         )
         accept = ~self._bad(value, old_elbo, self._slack(old_elbo))
         out = _where_tree(accept, candidate, sites)
         value = jnp.where(accept, value, old_elbo)
+        # The history gains the step's starting point; a refused extrapolation (or
+        # step) restarts it there.
+        flat_target = jax.flatten_util.ravel_pytree(target)[0]
+        restart = (extrapolate & (k != -1)) | ~accept
+        count = jnp.minimum(jnp.where(restart, 1, cache["count"] + 1), memory)
         # The sites returned, bit for bit, with their ELBO and target: the next step
         # starts from them.
-        new_cache = {"sites": out, "elbo": value, "target": _where_tree(accept, new_target, target)}
+        new_cache = {
+            "sites": out,
+            "elbo": value,
+            "target": _where_tree(accept, new_target, target),
+            "points": _pushed(cache["points"], flat_sites),
+            "targets": _pushed(cache["targets"], flat_target),
+            "count": jnp.where(accept, count, 0),
+        }
         return out, value, jnp.where(accept, b, 0.0), new_cache
 
     def _mean_newton_targets(self, target, means, variances):
@@ -451,6 +502,33 @@ class GaussianBlock:
         LV = tril @ V.T
         var = jnp.sum(tril * tril, axis=1) - jnp.sum(LV * LV, axis=1)
         return lay.to_site(mean_x), jnp.reshape(var, lay.shape)
+
+
+def _pushed(history, row):
+    """``history`` (rows oldest first) with ``row`` appended and the oldest dropped."""
+    if not history.shape[0]:
+        return history
+    return jnp.concatenate([history[1:], row[None]], axis=0)
+
+
+def _anderson(x, g, cache, ridge=ANDERSON_RIDGE):
+    """Anderson's extrapolation of the fixed-point iteration ``x <- g(x)`` (Walker and
+    Ni, "Anderson acceleration for fixed-point iterations", 2011: Algorithm AA, mixing 1)
+    from the current pair ``(x, g)`` and the last ``cache["count"]`` pairs in
+    ``cache["points"]`` / ``cache["targets"]``: the affine combination of the pairs
+    whose residual ``g - x`` is least in the 2-norm, mapped through ``g``. The least
+    squares are ridge regularised (``ridge``, relative): without it the weights jump
+    where the history is nearly colinear, and two compilations of the same loop (a run's
+    and a step's) parted by whole nats after 50 steps from differences in rounding."""
+    rows = cache["points"].shape[0]
+    used = jnp.arange(rows) >= rows - cache["count"]
+    r = g - x
+    d = jnp.where(used[:, None], (cache["targets"] - cache["points"]) - r[None], 0.0)
+    gram = d @ d.T
+    ridge = ridge * jnp.trace(gram) / jnp.maximum(cache["count"], 1) + jnp.finfo(x.dtype).tiny
+    gamma = -jnp.linalg.solve(gram + jnp.diag(jnp.where(used, ridge, 1.0)), d @ r)
+    jumped = g + gamma @ jnp.where(used[:, None], cache["targets"] - g[None], 0.0)
+    return jnp.where(jnp.all(jnp.isfinite(jumped)), jumped, g)
 
 
 def _where_tree(pred, a, b):

@@ -180,6 +180,10 @@ class CVI:
         self._traced: dict = {}
         self._plans: dict = {}
         self._next_id = 0
+        # The state the last update returned and the data it stepped on: an update that
+        # continues from it on the same data keeps the engine's data caches (a Gaussian
+        # block's line-search trial and Anderson history) as CVI.run's loop does.
+        self._last_update = None
         try:
             self._signature = inspect.signature(model)
         except (TypeError, ValueError):
@@ -195,12 +199,27 @@ class CVI:
     def update(self, state: CVIRunState, *args, **kwargs):
         """One CVI step (compiled once per shape). Returns ``(state, elbo)``.
 
-        The ELBO is the one after the step, as ``fit`` reports it.
+        The ELBO is the one after the step, as ``fit`` reports it. Steps that each
+        continue from the state the previous one returned, on the same data, take the
+        same path as :meth:`run`'s loop; any other state or data starts the engine's
+        data caches afresh (streaming data, or a state from elsewhere).
         """
         plan, inputs = self._prepare(args, kwargs)
         sched = plan.schedule
-        new, elbo = self._step(plan, state, inputs, sched.step_size, sched.block_step_size)
-        return CVIRunState(new, plan.id), elbo
+        last = self._last_update
+        continues = (
+            last is not None
+            and last[0] is state
+            and state.plan == plan.id  # data baked into a plan changed: a new plan
+            and last[1].keys() == inputs.keys()
+            and all(_same_array(last[1][k], v) for k, v in inputs.items())
+        )
+        new, elbo = self._step(
+            plan, state, inputs, sched.step_size, sched.block_step_size, fresh=not continues
+        )
+        out = CVIRunState(new, plan.id)
+        self._last_update = (out, inputs)
+        return out, elbo
 
     def evaluate(self, state: CVIRunState, *args, **kwargs) -> float:
         """The ELBO at ``state`` (no update; a fresh estimate when messages are sampled)."""
@@ -469,8 +488,8 @@ class CVI:
         consts, cache = self._compiled(plan, "constants")(inputs, state.params)
         return state._replace(constant_messages=consts, block_cache=cache)
 
-    def _step(self, plan, state, inputs, beta, block_beta):
-        engine_state = self._for_data(plan, state.state, inputs)
+    def _step(self, plan, state, inputs, beta, block_beta, fresh=True):
+        engine_state = self._for_data(plan, state.state, inputs) if fresh else state.state
         dtype = jnp.result_type(float)
         return self._compiled(plan, "step")(
             engine_state, inputs, jnp.asarray(beta, dtype), jnp.asarray(block_beta, dtype)
