@@ -75,6 +75,10 @@ def test_gaussian_families_keep_an_indefinite_step_in_the_domain():
         (dist.InverseGamma(2.0, 1.0), "InverseGamma"),  # a TransformedDistribution
         (dist.Beta(2.0, 2.0), "Beta"),
         (dist.BetaProportion(0.3, 5.0), "Beta"),
+        (dist.Uniform(0.0, 1.0), "Beta"),  # Beta(1, 1)
+        (dist.Uniform(0.0, jnp.ones(3)).to_event(1), "Beta"),  # as Beta(...).to_event(1)
+        (dist.Uniform(0.0, 2.0), None),  # other bounds: not a Beta
+        (dist.Uniform(-1.0, 1.0), None),
         (dist.Dirichlet(jnp.ones(3)), "Dirichlet"),
         (dist.Categorical(probs=jnp.ones(3) / 3), "Categorical"),
         (dist.Bernoulli(probs=0.3), "Bernoulli"),
@@ -120,6 +124,7 @@ def test_block_solvers_implement_the_protocol():
         dist.Chi2(3.0),
         dist.InverseGamma(2.0, 1.0),
         dist.Beta(1.0, 2.0),
+        dist.Uniform(0.0, 1.0),
         dist.Dirichlet(jnp.ones(3)),
         dist.Categorical(logits=jnp.zeros(3)),
         dist.OrderedLogistic(0.0, jnp.array([-1.0, 1.0])),

@@ -112,3 +112,27 @@ def test_non_conjugate_factor_has_no_exact_expectation():
     schedule = autocvi.plan(logreg, {"X": jnp.ones((4, 2)), "y": jnp.ones(4)})
     with pytest.raises(ValueError, match="not conjugate in w"):
         expected_log_factor(schedule.factors["y"], _layouts(schedule), {})
+
+
+def test_uniform_unit_prior_is_an_exact_beta():
+    """``p ~ Uniform(0, 1)``, as users write a flat prior on a probability, is Beta(1, 1):
+    VMP is exact. Oracle: the conjugate posterior Beta(1 + k, 1 + n - k) per group and
+    the ELBO equal to the log marginal likelihood, sum_g log B(1 + k_g, 1 + n_g - k_g)."""
+    from scipy.special import betaln
+
+    rng = np.random.default_rng(3)
+    groups, n = 4, 25
+    y = (rng.random((groups, n)) < np.array([0.2, 0.5, 0.7, 0.9])[:, None]).astype(float)
+
+    def model(y):
+        with numpyro.plate("group", y.shape[0]):
+            p = numpyro.sample("p", dist.Uniform(0.0, 1.0))
+            with numpyro.plate("trial", y.shape[1]):
+                numpyro.sample("y", dist.Bernoulli(probs=p[:, None].T), obs=y.T)
+
+    result = autocvi.fit(model, {"y": y}, progress_bar=False)
+    assert "exact" in str(result.schedule) and "monte-carlo" not in str(result.schedule)
+    q, k = result.posterior["p"], y.sum(axis=1)
+    np.testing.assert_allclose(q.concentration1, 1 + k, rtol=1e-5)
+    np.testing.assert_allclose(q.concentration0, 1 + n - k, rtol=1e-5)
+    assert result.elbo[-1] == pytest.approx(np.sum(betaln(1 + k, 1 + n - k)), rel=1e-5)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.special import digamma, gammaln
 from numpyro import distributions as dist
 
@@ -80,13 +81,30 @@ def to_numpyro(lam):
 def from_numpyro(d):
     """Natural parameters of a (wrapped) ``dist.Beta``; shapes ``d.batch_shape + d.event_shape``."""
     base = unwrap_distribution(d)
-    if not isinstance(base, dist.Beta):
-        raise TypeError(f"Beta.from_numpyro expects Beta, got {type(base).__name__}")
     shape = tuple(d.batch_shape) + tuple(d.event_shape)
+    if _is_unit_uniform(base):  # Beta(1, 1)
+        zero = jnp.zeros(shape, jnp.result_type(base.low, float))
+        return (zero, zero)
+    if not isinstance(base, dist.Beta):
+        raise TypeError(
+            f"Beta.from_numpyro expects Beta or Uniform(0, 1), got {type(base).__name__}"
+        )
     return (
         jnp.broadcast_to(base.concentration1 - 1.0, shape),
         jnp.broadcast_to(base.concentration0 - 1.0, shape),
     )
+
+
+def _is_unit_uniform(d) -> bool:
+    """``Uniform(0, 1)`` with concrete bounds (``Beta(1, 1)``: a flat prior on a
+    probability, as users write it). Bounds that are traced values cannot be read
+    here, and other bounds are not a Beta: both stay with their own q."""
+    if not isinstance(d, dist.Uniform):
+        return False
+    try:
+        return bool(np.all(np.asarray(d.low) == 0.0) and np.all(np.asarray(d.high) == 1.0))
+    except jax.errors.ConcretizationTypeError:
+        return False
 
 
 def is_valid(lam):
@@ -121,8 +139,9 @@ def moment_nodes(mu):
 
 
 def matches(d):
-    """``Beta`` and its subclasses (``BetaProportion``)."""
-    return isinstance(unwrap_distribution(d), dist.Beta)
+    """``Beta`` and its subclasses (``BetaProportion``), and ``Uniform(0, 1)`` (``Beta(1, 1)``)."""
+    base = unwrap_distribution(d)
+    return isinstance(base, dist.Beta) or _is_unit_uniform(base)
 
 
 def reference_natural(rng_key, shape, num_categories=None):
