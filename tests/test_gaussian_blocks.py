@@ -388,6 +388,19 @@ def test_anderson_steps_reach_the_wide_prior_optimum_three_times_sooner():
     np.testing.assert_allclose(marginals.var, var, rtol=1e-3)
 
 
+def test_plain_step_starts_at_twice_the_last_accepted_size():
+    # Where full steps overshoot, the line search would find the same small step again
+    # every iteration; the cache remembers it. Without history (memory 0) the step is
+    # plain CVI's, from beta.
+    block = autocvi.plan(logistic, _logistic_data(60, 8)).blocks["w"]
+    sites = block.init_sites()
+    remembered = dict(block.empty_cache(sites), step=jnp.asarray(0.125))
+    _, _, taken, cache = block.update(sites, 1.0, None, remembered)
+    assert float(taken) == 0.25 and float(cache["step"]) == 0.25
+    plain = dict(block.empty_cache(sites, memory=0), step=jnp.asarray(0.125))
+    assert float(block.update(sites, 1.0, None, plain)[2]) == 1.0
+
+
 def test_update_on_new_data_does_not_step_towards_the_old_datas_target():
     # CVI.update may be called with new data each time (streaming): the block's cached
     # trial belongs to the old data and must not be used.

@@ -211,6 +211,7 @@ class GaussianBlock:
             "points": history,
             "targets": history,
             "count": jnp.zeros((), jnp.int32),
+            "step": jnp.ones((), zero.dtype),
         }
 
     def _value_and_target(self, sites, key=None):
@@ -343,6 +344,8 @@ class GaussianBlock:
         the likelihood's quadratic regime (a kernel with variance e^12 on sonar: ~300
         steps to 0.1 nat), and the extrapolation is a secant method on it. If it does not
         raise the ELBO, the plain step and its halvings follow and the history restarts.
+        The plain step starts at twice the size last accepted (at most ``beta``). A cache
+        without history (``memory=0``) takes plain CVI steps from ``beta``.
         """
         same = jnp.all(
             jnp.stack(
@@ -356,9 +359,13 @@ class GaussianBlock:
                 ]
             )
         )
-        b0 = jnp.asarray(beta, cache["elbo"].dtype)
-        flat_sites, unravel = jax.flatten_util.ravel_pytree(sites)
+        beta = jnp.asarray(beta, cache["elbo"].dtype)
         memory = cache["points"].shape[0]
+        # The plain step starts at twice the last accepted halving, not at beta: where
+        # full steps overshoot (sonar's slow tail accepts 1/32 to 1/64 of one) each
+        # step would otherwise spend five or six evaluations finding it again.
+        b0 = jnp.minimum(beta, 2.0 * cache["step"]) if memory else beta
+        flat_sites, unravel = jax.flatten_util.ravel_pytree(sites)
         extrapolate = (cache["count"] > 0) & (memory > 0)
 
         def candidate_at(k, target):
@@ -417,6 +424,8 @@ class GaussianBlock:
             "points": _pushed(cache["points"], flat_sites),
             "targets": _pushed(cache["targets"], flat_target),
             "count": jnp.where(accept, count, 0),
+            # the plain step's accepted size (an extrapolation leaves it; a refusal resets)
+            "step": jnp.where(accept & (k >= 0), b, jnp.where(accept, cache["step"], beta)),
         }
         return out, value, jnp.where(accept, b, 0.0), new_cache
 
