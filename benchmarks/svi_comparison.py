@@ -102,8 +102,7 @@ def summary(methods, st, targets) -> dict:
             if s[f] is None and c[f]:
                 fastest = min(m["per_iter_time"] * n_svi for m in svis.values())
                 o[f"{k}_ratio_lower_bound"] = (n_svi if f == "iterations" else fastest) / c[f]
-        s_total, c_total = (x["time_including_setup_and_compile"] for x in (s, c))
-        o["total_time_ratio"] = D.ratio(s_total, c_total)
+        o["total_time_ratio"] = D.ratio(*(x["time_including_setup_and_compile"] for x in (s, c)))
         out[thr] = o
     if targets:
 
