@@ -137,17 +137,10 @@ class AutocviMethod:
         state, elbo = self.cvi.update(state, **self.data)
         return state, float(elbo)
 
-    def fused(self, state, n):
+    def fused(self, state, n, tol=0.0):
+        """``CVI.run`` from ``state``: (state, elbos, converged); ``tol=None``: ``fit``'s rule."""
+        self.cvi.tol = tol
         r = self.cvi.run(None, n, init_state=state, **self.data)
-        return r.state, r.elbo
-
-    def converge(self, state, max_steps):
-        """``autocvi.fit``'s loop with its default stopping rule: (state, elbos, converged)."""
-        self.cvi.tol = None
-        try:
-            r = self.cvi.run(None, max_steps, init_state=state, **self.data)
-        finally:
-            self.cvi.tol = 0.0
         return r.state, r.elbo, r.converged
 
     def posterior(self, state):
@@ -338,7 +331,7 @@ def run(method, model, data, num_steps, *, keep=None, repeats=3, stepwise=None) 
         if fused:  # autocvi: fit's compiled loop, after a warm-up call that compiles it
             n = 20 * int(np.ceil(num_steps / 20))  # whole chunks: no masked iterations
             (warm,), _ = timed(lambda: method.fused(state0, 20), 1)
-            times, (_, fobj) = timed(lambda: method.fused(state0, n), repeats)
+            times, (_, fobj, _) = timed(lambda: method.fused(state0, n), repeats)
             per_iter = min(times) / len(fobj)
             compile_time += max(warm - 20 * per_iter, 0.0)
             checks["fused_objective_matches_steps"] = bool(
@@ -360,11 +353,12 @@ def log_grid(n: int, num: int = 100, dense: int = 20) -> list[int]:
 
 
 # -------------------------------------------------------------- experiments
+def reaches(v, target, better=np.greater_equal) -> bool:
+    return v is not None and bool(np.isfinite(v)) and bool(better(v, target))
+
+
 def first_hit(iters, values, target, better=np.greater_equal):
-    for it, v in zip(iters, values):
-        if v is not None and np.isfinite(v) and better(v, target):
-            return int(it)
-    return None
+    return next((int(t) for t, v in zip(iters, values) if reaches(v, target, better)), None)
 
 
 def refine_hit(evaluate, iters, values, target, better=np.greater_equal, points=40):
@@ -372,21 +366,14 @@ def refine_hit(evaluate, iters, values, target, better=np.greater_equal, points=
     is None) between it and the grid point before (``points`` evenly spaced iterations per
     round, down to single steps)."""
     hit = first_hit(iters, values, target, better)
-    if hit is None or evaluate is None:
-        return hit
-    lo = ([0, *iters])[list(iters).index(hit)]
-    while hit - lo > 1:
+    lo = None if hit is None else ([0, *iters])[list(iters).index(hit)]
+    while evaluate is not None and hit is not None and hit - lo > 1:
         stride = max(1, int(np.ceil((hit - 1 - lo) / points)))
-        found = None
-        for t in range(lo + stride, hit, stride):
-            v = evaluate(t)
-            if np.isfinite(v) and better(v, target):
-                found = t
-                break
-            lo = t
+        ts = range(lo + stride, hit, stride)
+        found = next((t for t in ts if reaches(evaluate(t), target, better)), None)
         if found is None and stride == 1:
             break
-        hit = found or hit
+        lo, hit = (ts[-1], hit) if found is None else (found - stride, found)
     return hit
 
 
@@ -696,12 +683,12 @@ def fit_line(f, score) -> str:
 
 
 def fit_timed(method, model, data, max_steps, repeats=2):
-    """``method`` run by ``autocvi.fit``'s loop with its stopping rule (``method.converge``):
+    """``method`` run by ``autocvi.fit``'s loop with its stopping rule (``method.fused``):
     setup, then a first call (compiles the loop), then ``repeats`` timed calls from the
     same start. Returns (record, posterior, ELBO trace)."""
     (setup,), state0 = timed(lambda: method.setup(model, data), 1)
-    (first,), (state, elbos, conv) = timed(lambda: method.converge(state0, max_steps), 1)
-    times, _ = timed(lambda: method.converge(state0, max_steps), repeats)
+    (first,), (state, elbos, conv) = timed(lambda: method.fused(state0, max_steps, None), 1)
+    times, _ = timed(lambda: method.fused(state0, max_steps, None), repeats)
     rec = {"converged": bool(conv), "loop_time": min(times), "setup_time": setup}
     rec.update(compile_time=max(first - min(times), 0.0), setting=method.setting)
     return rec | {"iterations": len(elbos)}, method.posterior(state), np.asarray(elbos)

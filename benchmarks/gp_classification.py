@@ -28,14 +28,9 @@ def squared_exponential(Xa, Xb, log_l, log_sd):
     return jnp.exp(2 * log_sd) * jnp.exp(-0.5 * d2 / jnp.exp(2 * log_l))
 
 
-def model(K, y=None):
-    """y_n ~ Bernoulli(sigmoid(f_n)), f ~ N(0, K)."""
-    f = numpyro.sample("f", dist.MultivariateNormal(jnp.zeros(K.shape[0]), K))
-    with numpyro.plate("data", K.shape[0]):
-        numpyro.sample("y", dist.Bernoulli(logits=f), obs=y)
-
-
-def model_minibatch(K, y=None, batch_size=None):
+def model(K, y=None, batch_size=None):
+    """y_n ~ Bernoulli(sigmoid(f_n)), f ~ N(0, K); ``batch_size``: the plate subsampled (without
+    it autocvi plans the same function-space block as for ``y ~ Bernoulli(logits=f)``)."""
     f = numpyro.sample("f", dist.MultivariateNormal(jnp.zeros(K.shape[0]), K))
     with numpyro.plate("data", K.shape[0], subsample_size=batch_size) as idx:
         numpyro.sample("y", dist.Bernoulli(logits=f[idx]), obs=y[idx])
@@ -103,7 +98,7 @@ def run(name, quick=False):
     mb, steps = dict(data, batch_size=b), int(np.ceil(5 * n / b))
     entries = [
         entry(st, "autocvi", model, data, st["autocvi_num_steps"], num_samples=k),
-        entry(st, f"autocvi-minibatch-{b}", model_minibatch, mb, steps, b / n, num_samples=k),
+        entry(st, f"autocvi-minibatch-{b}", model, mb, steps, b / n, num_samples=k),
     ]
     spec = {
         "cmd": f"gp_classification:{name}",

@@ -187,9 +187,8 @@ def run_table3(quick=False):
     for method in dict.fromkeys(r["method"] for r in rows):
         rs = [r for r in rows if r["method"] == method]
         keys = [k for k, v in rs[0].items() if isinstance(v, (int, float)) and k != "split_seed"]
-        summary[method] = {
-            k: (np.mean([r[k] for r in rs]), np.std([r[k] for r in rs], ddof=1)) for k in keys
-        }
+        values = {k: [r[k] for r in rs] for k in keys}
+        summary[method] = {k: (np.mean(v), np.std(v, ddof=1)) for k, v in values.items()}
         diffs = [abs(r["neg_elbo"] - r["neg_elbo_quadrature"]) for r in rs]
         summary[method]["max_abs_mc_minus_quadrature"] = max(diffs)
     out = {"rows": rows, "summary": summary, "autocvi_fit": fit, "traces_first_split": traces}

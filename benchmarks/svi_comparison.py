@@ -42,9 +42,10 @@ def autocvi_entry(st, label, model, data, steps, passes=1.0, **options):
 def run(spec: dict, st: dict) -> dict:
     """``spec``: cmd (``name[:part]``, results in ``name_part.*``), title, autocvi (a list of
     :class:`driver.Entry`; the first one's model and data are SVI's and the scorer's), guides
-    (label -> constructor, or (constructor, description, posterior_fn)), site; optional: score (q -> dict; default the common
-    estimator), key, higher, relative, refine, unit ("nat" or "%"), scoring (its description),
-    test_metric (label, fn of q), svi_float32, fit, targets, mc_check, columns, panels, text."""
+    (label -> constructor, or (constructor, description, posterior_fn)), site; optional: score
+    (q -> dict; default the common estimator), key, higher, relative, refine, unit ("nat" or
+    "%"), scoring (its description), test_metric (label, fn of q), svi_float32, fit, targets,
+    mc_check, columns, panels, text."""
     model, data, key = spec["autocvi"][0].model, spec["autocvi"][0].data, spec.get("key", "elbo")
     if "score" not in spec or spec.get("mc_check"):
         est = D.ELBOEstimator(model, data, st["estimator_num_samples"], st["estimator_rng_key"])
@@ -102,8 +103,7 @@ def summary(methods, st, targets) -> dict:
             if s[f] is None and c[f]:
                 fastest = min(m["per_iter_time"] * n_svi for m in svis.values())
                 o[f"{k}_ratio_lower_bound"] = (n_svi if f == "iterations" else fastest) / c[f]
-        s_total, c_total = (x["time_including_setup_and_compile"] for x in (s, c))
-        o["total_time_ratio"] = D.ratio(s_total, c_total)
+        o["total_time_ratio"] = D.ratio(*(x["time_including_setup_and_compile"] for x in (s, c)))
         out[thr] = o
     if targets:
 
@@ -144,9 +144,8 @@ def ratio_columns(unit):
     ]
 
 
-def _final(label, m):
-    v = m["final"]["elbo"]
-    return f"{v:.3f} ± {m['final']['se']:.3f}" if "se" in m["final"] else f"{v:.3f}"
+def _final(label, m):  # the common estimator's (a spec with its own score has its own columns)
+    return f"{m['final']['elbo']:.3f} ± {m['final']['se']:.3f}"
 
 
 ELBO_COLUMNS = [("final ELBO (± MC se)", _final, None), ("gap to ELBO*", "gap", ".3f")]
