@@ -145,7 +145,9 @@ def _cvi_test_marginals(result, n):
     return mean, var
 
 
-def _check_gp_classification(data, y_test, log_lengthscale, log_sd, num_warmup, num_samples):
+def _check_gp_classification(
+    data, y_test, log_lengthscale, log_sd, num_warmup, num_samples, bits=0.02, elbo=None
+):
     n = data["X"].shape[0]
     hyper = {"log_lengthscale": log_lengthscale, "log_sd": log_sd}
     result = autocvi.fit(gp_classifier, {**data, **hyper}, rng_key=0, progress_bar=False)
@@ -163,20 +165,26 @@ def _check_gp_classification(data, y_test, log_lengthscale, log_sd, num_warmup, 
         f"autocvi {loss_cvi:.4f} bits, NUTS {loss_nuts:.4f} bits"
     )
     assert diagnostics["max_r_hat"] < 1.05  # the oracle itself has mixed
-    assert abs(loss_cvi - loss_nuts) < 0.02
+    assert abs(loss_cvi - loss_nuts) < bits
+    if elbo is not None:
+        assert result.converged and result.elbo[-1] > elbo
 
 
 def test_gp_classification_sonar_matches_nuts_predictive():
     """Sonar's shipped split, (log l, log sigma) = (-1, 6): a kernel with sd e^6 ~ 400.
 
-    Measured (float32): autocvi 0.926 bits (163 iterations, ELBO -156.77), NUTS
-    0.940 bits (0.939 with 4 x 2000 draws). The margin comes partly from the
-    stopping rule: the fully converged Gaussian approximation (ELBO -156.02, the
-    same from an independent L-BFGS fit) has 0.918 bits, 0.021 from the exact
-    predictive.
+    NUTS: 0.940 bits (0.939 with 4 x 2000 draws). The Gaussian approximation's own
+    optimum (ELBO -156.02, the same from an independent L-BFGS fit) has 0.918 bits,
+    0.021-0.022 from the exact predictive: the limit of a Gaussian q here, not of the
+    optimiser. autocvi reaches that optimum (Anderson-extrapolated steps: ~200
+    iterations, ELBO -156.025), so the predictive is held to 0.03 bits and the fit to
+    the optimum's ELBO. (Plain CVI steps stopped at ELBO -156.77 after 163 iterations,
+    0.926 bits: inside 0.02 bits only because they had not converged.)
     """
     data, y_test = load("sonar")
-    _check_gp_classification(data, y_test, -1.0, 6.0, num_warmup=300, num_samples=500)
+    _check_gp_classification(
+        data, y_test, -1.0, 6.0, num_warmup=300, num_samples=500, bits=0.03, elbo=-156.05
+    )
 
 
 def load_digits_3_vs_5():
