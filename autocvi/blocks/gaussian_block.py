@@ -341,7 +341,7 @@ class GaussianBlock:
         The first candidate is Anderson's extrapolation (:func:`_anderson`) from the
         accepted sites and targets of the last steps, when there are any: CVI's step is a
         fixed-point iteration ``lam <- g(lam)`` that contracts slowly where q is far from
-        the likelihood's quadratic regime (a kernel with variance e^12 on sonar: ~300
+        the likelihood's quadratic regime (a kernel with variance e^12 on sonar: ~430
         steps to 0.1 nat), and the extrapolation is a secant method on it. If it does not
         raise the ELBO, the plain step and its halvings follow and the history restarts.
         The plain step starts at twice the size last accepted (at most ``beta``). A cache
