@@ -36,6 +36,16 @@ OUT_OF_REACH = {
         "Gamma precision refitted in the walk's joint Gaussian: tau's sd about 0.56 of "
         "NUTS's (mean-field VMP: 0.49), warned",
     ),
+    # issue 12's reproducer: mean-field had the amplitude's sd at 0.02 of NUTS's (mean 0.76
+    # against 2.9); the joint Gaussian over (log amplitude, v) holds the coupling
+    "gp_whitened_amplitude": (
+        0.5,
+        None,
+        (),
+        "a GP amplitude's posterior is skewed on the log scale: its sd is 0.77 of NUTS's and "
+        "its mean 0.45 sd low (SVI's AutoMultivariateNormal: 0.70 and 0.59), warned too "
+        "narrow; the whitened values are within 0.05 sd",
+    ),
     # discrete assignments are mean-field with the component parameters (VMP): the
     # parameters' sds are 10-20% under NUTS's
     "iris_mixture": (0.3, None, (), "mean-field between discrete assignments and components"),
@@ -152,6 +162,7 @@ ZOO = [
     "gamma_poisson_hierarchy",
     "ar2_sunspots",
     "gp_classification_ionosphere",
+    "gp_whitened_amplitude",
     "weibull_survival_heart",
     "measurement_error",
     "garch11",

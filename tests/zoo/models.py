@@ -737,6 +737,32 @@ def gp_classification_ionosphere():
     return model, {"X": X, "y": y}
 
 
+def gp_whitened_amplitude():
+    """GP classification written whitened, with a latent amplitude (issue 12's reproducer:
+    mean-field gave the amplitude 0.02 of NUTS's sd): ``v ~ N(0, 1)`` in a plate, ``f =
+    amplitude * L v`` with ``L`` the Cholesky factor of an RBF kernel (length-scale 3.3,
+    jitter 1e-6), ``amplitude ~ HalfNormal(5)``, y ~ Bernoulli(logits=f). The data of
+    ``gp_classification_ionosphere``: the first N=60 rows of ionosphere."""
+    from autocvi.datasets import load
+
+    d = load("ionosphere")
+    X = np.asarray(d["X"], dtype=float)[:60]
+    y = (np.asarray(d["y"], dtype=float)[:60] + 1.0) / 2.0
+
+    def model(X, y=None):
+        N = X.shape[0]
+        amplitude = numpyro.sample("amplitude", dist.HalfNormal(5.0))
+        sq = jnp.sum((X[:, None, :] - X[None, :, :]) ** 2, axis=-1)
+        L = jnp.linalg.cholesky(jnp.exp(-0.5 * sq / 3.3**2) + 1e-6 * jnp.eye(N))
+        with numpyro.plate("points", N):
+            v = numpyro.sample("v", dist.Normal(0.0, 1.0))
+        f = amplitude * (L @ v)
+        with numpyro.plate("n", N):
+            numpyro.sample("y", dist.Bernoulli(logits=f), obs=y)
+
+    return model, {"X": X, "y": y}
+
+
 def gp_regression_marginal():
     """GP regression with latent kernel amplitude, length-scale and noise (all
     LogNormal(0, 10) as in NumPyro's GP example), f integrated out: y ~ MVN(0, K +
@@ -1018,6 +1044,7 @@ MODELS = {
     "stochastic_volatility": stochastic_volatility,
     "garch11": garch11,
     "gp_classification_ionosphere": gp_classification_ionosphere,
+    "gp_whitened_amplitude": gp_whitened_amplitude,
     "gp_regression_marginal": gp_regression_marginal,
     "poisson_mixture": poisson_mixture,
     "poisson_mixture_marginal": poisson_mixture_marginal,
@@ -1065,6 +1092,7 @@ CATEGORY = {
     "stochastic_volatility": "time-series",
     "garch11": "time-series",
     "gp_classification_ionosphere": "gp",
+    "gp_whitened_amplitude": "gp",
     "gp_regression_marginal": "gp",
     "poisson_mixture": "mixture",
     "poisson_mixture_marginal": "mixture",
