@@ -32,7 +32,7 @@ from .infer import (
     predictive_log_loss,
     print_summary,
 )
-from .jaxpr import enable_compilation_cache
+from .jaxpr import enable_compilation_cache, program_cache_info
 from .model import (
     EdgeInfo,
     FactorGraph,
@@ -66,6 +66,7 @@ __all__ = [
     "predictive_log_loss",
     "print_summary",
     "enable_compilation_cache",
+    "program_cache_info",
     "FitResult",
     "IllConditionedError",
     "FitWarning",
