@@ -330,17 +330,16 @@ def run(method, model, data, num_steps, *, keep=None, repeats=3, stepwise=None) 
         times = [float(np.sum(ts)) for ts in step_times]
         if fused:  # autocvi: fit's compiled loop, after a warm-up call that compiles it
             n = 20 * int(np.ceil(num_steps / 20))  # whole chunks: no masked iterations
-            optimised = autocvi.program_cache_info()["optimised"]
+            fast = autocvi.program_cache_info()["fast"]
             (warm,), _ = timed(lambda: method.fused(state0, 20), 1)
             # The loop's program starts at a short compilation and moves to XLA's full
             # optimisation once it has run for twice that (docs/compilation.md): time the
-            # optimised code, as SVI's compiled loop is (the README says so).
+            # optimised code, as SVI's compiled loop is (the README says so). A program
+            # already in the cache (a second seed of one model) is already optimised.
             deadline = time.perf_counter() + 300.0
-            while autocvi.program_cache_info()["optimised"] == optimised:
-                if time.perf_counter() > deadline:
-                    break
+            while autocvi.program_cache_info()["fast"] > fast and time.perf_counter() < deadline:
                 method.fused(state0, n)
-            checks["loop_program_optimised"] = autocvi.program_cache_info()["optimised"] > optimised
+            checks["loop_program_optimised"] = autocvi.program_cache_info()["fast"] <= fast
             times, (_, fobj, _) = timed(lambda: method.fused(state0, n), repeats)
             per_iter = min(times) / len(fobj)
             compile_time += max(warm - 20 * per_iter, 0.0)

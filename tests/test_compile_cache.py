@@ -163,10 +163,12 @@ def test_loop_programs_start_fast_and_move_to_full_optimisation(monkeypatch):
     f = structural_jit(_closure(data))
     for _ in range(3):
         fast = f(x)
-    assert program_cache_info()["optimised"] == 0, "moved to the optimised tier without cause"
+    info = program_cache_info()
+    assert (info["optimised"], info["fast"]) == (0, 1), "moved to the optimised tier without cause"
     monkeypatch.setattr(compile_module, "TIER_UP_AFTER", 0.0)  # every call has paid
     optimised = _wait_for_tier(f, x, optimised=1)
-    assert program_cache_info()["optimised"] == 1, "never moved to the optimised tier"
+    info = program_cache_info()
+    assert (info["optimised"], info["fast"]) == (1, 0), "never moved to the optimised tier"
     for got in (fast, optimised):
         for a, b in zip(got, want):
             np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-6)

@@ -126,11 +126,17 @@ def clear_program_cache() -> None:
 
 
 def program_cache_info() -> dict:
-    """``{"hits", "misses", "size", "optimised"}`` of the compiled-program cache, for
-    diagnostics and tests; ``optimised``: the loop programs that have moved to XLA's
-    default optimisation (:class:`_TieredProgram`)."""
-    optimised = sum(p.tier == "optimised" for p in _PROGRAMS[False].values())
-    return {**_STATS, "size": sum(len(p) for p in _PROGRAMS.values()), "optimised": optimised}
+    """``{"hits", "misses", "size", "optimised", "fast"}`` of the compiled-program cache,
+    for diagnostics, tests and benchmarks: ``optimised``, the loop programs that have moved
+    to XLA's default optimisation (:class:`_TieredProgram`); ``fast``, the loop programs
+    compiled and still at the short compilation's code."""
+    tiers = [p.tier for p in _PROGRAMS[False].values() if p.compiled]
+    return {
+        **_STATS,
+        "size": sum(len(p) for p in _PROGRAMS.values()),
+        "optimised": tiers.count("optimised"),
+        "fast": tiers.count("fast"),
+    }
 
 
 def enable_compilation_cache(path=None, min_compile_time_secs: float = 0.0) -> str:
@@ -230,6 +236,11 @@ class _TieredProgram:
                 _compile, lowered, None
             )
         return out
+
+    @property
+    def compiled(self) -> bool:
+        """Whether a call has compiled it yet (a program looked up but not yet called has not)."""
+        return self._fast is not None or self._optimised is not None
 
     @property
     def tier(self) -> str:
