@@ -24,17 +24,15 @@ def main(argv: list[str] | None = None) -> int:
     flags = [a for a in argv if a.startswith("-")]
     names = [a for a in argv if not a.startswith("-")]
     names = names or [b for b in BENCHMARKS if b not in ("zoo", "cold_start")]
-    if "-h" in flags or "--help" in flags:
-        print(f"{__doc__}\navailable: {', '.join(BENCHMARKS)}")
-        return 0
     unknown = [n for n in names if n.split(":")[0] not in BENCHMARKS]
-    if unknown:
-        print(f"unknown benchmark(s): {', '.join(unknown)}; available: {', '.join(BENCHMARKS)}")
-        return 2
+    if {"-h", "--help"} & set(flags) or unknown:
+        print(f"unknown benchmark(s): {', '.join(unknown)};" if unknown else __doc__)
+        print(f"available: {', '.join(BENCHMARKS)}")
+        return 2 if unknown else 0
+    t0, failed = time.perf_counter(), []
     if len(names) > 1:
         # One process per benchmark: each sets its own JAX configuration (float64 for the
         # GPs); a failure does not stop the others.
-        t0, failed = time.perf_counter(), []
         for name in names:
             code = subprocess.call([sys.executable, "-m", "benchmarks", name, *flags])
             if code:
@@ -44,7 +42,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if failed else 0
     name, _, part = names[0].partition(":")
     module = importlib.import_module(f"benchmarks.{name}")
-    t0 = time.perf_counter()
     module.main(flags + ([part] if part else []))
     print(f"[{name}] done in {time.perf_counter() - t0:.1f} s")
     return 0

@@ -4,6 +4,7 @@
 
 import contextlib
 import datetime as _dt
+import functools
 import importlib
 import json
 import os
@@ -11,9 +12,8 @@ import platform
 import subprocess
 import time
 import warnings
-from dataclasses import dataclass
+from collections import namedtuple
 from pathlib import Path
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -124,12 +124,10 @@ class AutocviMethod:
         kinds = sorted({k for node in sched.nodes.values() for _, k in node.incoming})
         plates = {p for f in sched.factors.values() for p in f.subsampled}
         subs = ", ".join(sorted(f"{p.name}[{p.subsample_size}/{p.size}]" for p in plates))
-        self.setting = (
-            f"messages: {', '.join(kinds)}; beta={sched.step_size:g}"
-            + "".join(f"; {k}: {b.describe()}" for k, b in sched.blocks.items())
-            + (f"; subsampled {subs}" if subs else "")
-            + (f"; {self.options}" if self.options else "")
-        )
+        parts = [f"messages: {', '.join(kinds)}", f"beta={sched.step_size:g}"]
+        parts += [f"{k}: {b.describe()}" for k, b in sched.blocks.items()]
+        parts += [f"subsampled {subs}"] if subs else []
+        self.setting = "; ".join(parts + ([str(self.options)] if self.options else []))
         return state
 
     def step(self, state):
@@ -160,7 +158,7 @@ class SVIMethod:
 
     def __init__(self, label, make_guide, optim, loss=None, rng_key=0, setting="", **options):
         self.label, self.make_guide, self.optim, self.rng_key = (label, make_guide, optim, rng_key)
-        self.loss, self.setting, self._compiled = loss, setting, {}
+        self.loss, self.setting = loss, setting
         self.site, self.posterior_fn = options.get("site"), options.get("posterior_fn")
         self.float32 = options.get("float32", False)
 
@@ -173,53 +171,46 @@ class SVIMethod:
         with self._precision():
             self.guide = self.make_guide(model)
             self.svi = SVI(model, self.guide, self.optim, self.loss or Trace_ELBO())
-            self.data = {k: _as_float32(v) for k, v in data.items()} if self.float32 else data
+            self.data = jax.tree.map(jnp.float32, data) if self.float32 else data
             names = (self.guide, self.optim, self.svi.loss)
             self.setting = self.setting or ", ".join(type(x).__name__ for x in names)
             state = self.svi.init(jax.random.PRNGKey(self.rng_key), **self.data)
             return jax.block_until_ready(state)
 
-    def compile(self, state, n) -> float:
-        def loop(s):
-            return jax.lax.scan(lambda c, _: self.svi.update(c, **self.data), s, None, length=n)
+    def _update(self, s, *_):
+        return self.svi.update(s, **self.data)
 
+    def compile(self, state, n) -> float:
+        loop = jax.jit(lambda s: jax.lax.scan(self._update, s, None, length=n))
         with self._precision():
-            (seconds,), self._compiled[n] = timed(lambda: jax.jit(loop).lower(state).compile(), 1)
+            (seconds,), self._loop = timed(lambda: loop.lower(state).compile(), 1)
         return seconds
 
     def fused(self, state, n):
         with self._precision():
-            final, losses = jax.block_until_ready(self._compiled[n](state))
+            final, losses = jax.block_until_ready(self._loop(state))
         return final, -np.asarray(losses)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def _segments(self, state, lengths):  # the states after each segment's fori_loop of steps
+        def segment(s, k):
+            s = jax.lax.fori_loop(0, k, lambda _, c: self._update(c)[0], s)
+            return s, s
+
+        return jax.lax.scan(segment, state, lengths)[1]
 
     def states_at(self, state, points):
         """States after each of the sorted step counts ``points`` (untimed replay)."""
-
-        def segment(s, k):
-            s = jax.lax.fori_loop(0, k, lambda _, c: self.svi.update(c, **self.data)[0], s)
-            return s, s
-
-        lengths = jnp.asarray(np.diff([0, *points]), jnp.int32)
         with self._precision():
-            if "segments" not in self._compiled:
-                self._compiled["segments"] = jax.jit(lambda s, ls: jax.lax.scan(segment, s, ls))
-            _, stacked = self._compiled["segments"](state, lengths)
+            stacked = self._segments(state, jnp.asarray(np.diff([0, *points]), jnp.int32))
         return [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(len(points))]
-
-    def params(self, state):
-        return self.svi.get_params(state)
 
     def posterior(self, state):
         with self._precision():
-            params = self.params(state)
+            params = self.svi.get_params(state)
             if self.posterior_fn is not None:
                 return self.posterior_fn(params)
             return {self.site: self.guide.get_posterior(params)}
-
-
-def _as_float32(v):
-    floating = hasattr(v, "dtype") and np.issubdtype(v.dtype, np.floating)
-    return jnp.asarray(np.asarray(v, np.float32)) if floating else v
 
 
 class BayesPyMethod:
@@ -247,37 +238,14 @@ class BayesPyMethod:
 
 
 # ------------------------------------------------------------------- runner
-@dataclass
-class Run:
-    """What :func:`run` measured for one method."""
-
-    method: Any
-    num_steps: int
-    objective: np.ndarray  # the method's own objective after each iteration
-    per_iter_time: float  # loop seconds per iteration (compile and setup excluded)
-    setup_time: float
-    compile_time: float
-    loop_times: list  # every timed repeat
-    kept: dict  # iteration -> state (or snapshot)
-    per_iter_time_host_sync: float | None
-    checks: dict
-
-    def state_at(self, t: int):
-        """The state after ``t`` iterations: kept, or replayed from the nearest kept one."""
-        if t not in self.kept:  # only SVI replays: any other method keeps what it is asked for
-            base = max(k for k in self.kept if k <= t)
-            self.kept[t] = self.method.states_at(self.kept[base], [t - base])[0]
-        return self.kept[t]
-
-    def posterior_at(self, t: int):
-        return self.method.posterior(self.state_at(t))
-
-    def record(self, **extra) -> dict:
-        """The timing fields every method record carries, and ``extra``."""
-        names = ("per_iter_time", "per_iter_time_host_sync", "setup_time", "compile_time")
-        rec = {k: getattr(self, k) for k in (*names, "num_steps", "objective", "checks")}
-        rec.update(loop_times_all_repeats=self.loop_times, setting=self.method.setting)
-        return rec | {"kind": self.method.kind, "_run": self} | extra
+def posterior_at(rec, t: int):
+    """q after ``t`` iterations of a :func:`run` record: of a kept state, or (SVI) of one
+    replayed from the nearest kept one."""
+    method, kept = rec["_method"], rec["_kept"]
+    if t not in kept:
+        base = max(k for k in kept if k <= t)
+        kept[t] = method.states_at(kept[base], [t - base])[0]
+    return method.posterior(kept[t])
 
 
 def timed(fn, repeats):
@@ -303,10 +271,11 @@ def optimised(call, fast, seconds=300.0) -> bool:
     return autocvi.program_cache_info()["fast"] <= fast
 
 
-def run(method, model, data, num_steps, *, keep=None, repeats=3, stepwise=None) -> Run:
+def run(method, model, data, num_steps, *, keep=None, repeats=3, stepwise=None) -> dict:
     """Run ``method`` for ``num_steps`` iterations, timed: the fastest of ``repeats`` runs
     from the same start, of its fused loop or (``stepwise``, or no fused loop) one step at a
-    time including fetching its objective; ``keep``: iterations whose states are kept."""
+    time including fetching its objective; ``keep``: iterations whose states are kept. Returns
+    the record of its timing fields, its own objective trace and (``_kept``) the states."""
     (setup,), state0 = timed(lambda: method.setup(model, data), 1)
     keep = set(range(num_steps + 1)) if keep is None else set(keep) | {0, num_steps}
     fused = hasattr(method, "fused") and not stepwise
@@ -356,12 +325,14 @@ def run(method, model, data, num_steps, *, keep=None, repeats=3, stepwise=None) 
                 np.allclose(fobj[:num_steps], obj, rtol=1e-4, atol=1e-3, equal_nan=True)
             )
         host = host if fused else None  # stepwise only: the step time is the loop time
-    r = Run(method, num_steps, obj, per_iter, setup, compile_time, times, kept, host, checks)
     print(
         f"  {method.label}: {num_steps} iterations, {per_iter * 1e3:.3g} ms/iter, setup "
-        f"{setup:.2f} s, compile {compile_time:.2f} s, final objective {r.objective[-1]:.4g}"
+        f"{setup:.2f} s, compile {compile_time:.2f} s, final objective {obj[-1]:.4g}"
     )
-    return r
+    rec = {"per_iter_time": per_iter, "per_iter_time_host_sync": host, "setup_time": setup}
+    rec.update(compile_time=compile_time, num_steps=num_steps, objective=obj, checks=checks)
+    rec.update(loop_times_all_repeats=times, setting=method.setting, kind=method.kind)
+    return rec | {"_method": method, "_kept": kept}
 
 
 def log_grid(n: int, num: int = 100, dense: int = 20) -> list[int]:
@@ -395,19 +366,11 @@ def refine_hit(evaluate, iters, values, target, better=np.greater_equal, points=
     return hit
 
 
-@dataclass
-class Entry:
-    """One method of an experiment: ``steps`` iterations on ``model(**data)``, scored at
-    ``grid`` (default: every iteration); ``passes``: passes through the data per iteration."""
-
-    method: Any
-    model: Any
-    data: dict
-    steps: int
-    grid: list | None = None
-    passes: float = 1.0
-    repeats: int = 3
-    stepwise: bool | None = None
+# One method of an experiment: ``steps`` iterations on ``model(**data)``, scored at ``grid``
+# (default: every iteration); ``passes``: passes through the data per iteration.
+Entry = namedtuple(
+    "Entry", "method model data steps grid passes repeats stepwise", defaults=(None, 1.0, 3, None)
+)
 
 
 def experiment(entries, score, *, key="elbo", thresholds=(1.0, 0.1), higher=True, **options):
@@ -425,28 +388,22 @@ def experiment(entries, score, *, key="elbo", thresholds=(1.0, 0.1), higher=True
         # off-grid states are replayed (SVI) or, for methods refined without replay, kept
         keep = None if e.method.kind in refine and not hasattr(e.method, "states_at") else e.grid
         timing = {"keep": keep, "repeats": e.repeats, "stepwise": e.stepwise}
-        r = run(e.method, e.model, e.data, e.steps, **timing)
+        rec = run(e.method, e.model, e.data, e.steps, **timing)
         iters = list(range(e.steps + 1)) if e.grid is None else sorted(set(e.grid) | {e.steps})
-        rows = [score(r.posterior_at(t)) for t in iters]
-        rec = r.record(iters=iters, passes=[t * e.passes for t in iters], final=rows[-1])
+        rows = [score(posterior_at(rec, t)) for t in iters]
+        rec.update(iters=iters, passes=[t * e.passes for t in iters], final=rows[-1])
         out[e.method.label] = rec | {k: [row[k] for row in rows] for k in rows[0]}
     finals = [*(rec["final"][key] for rec in out.values()), *options.get("also", ())]
     ref = (max if higher else min)(v for v in finals if np.isfinite(v))
     for rec in out.values():
-        r, cache = rec["_run"], dict(zip(rec["iters"], rec[key]))
-
-        def evaluate(t, r=r, cache=cache):
-            if t not in cache:
-                cache[t] = score(r.posterior_at(t))[key]
-            return cache[t]
-
+        evaluate = functools.cache(lambda t, rec=rec: score(posterior_at(rec, t))[key])
         rec.update(gap=sign * (ref - rec["final"][key]), _evaluate=evaluate, hits={})
         for thr in thresholds:
             target = ref * (1 - sign * thr) if options.get("relative") else ref - sign * thr
-            how = evaluate if r.method.kind in refine else None
+            how = evaluate if rec["kind"] in refine else None
             it = refine_hit(how, rec["iters"], rec[key], target, better)
-            loop = None if it is None else it * r.per_iter_time
-            total = None if it is None else loop + r.setup_time + r.compile_time
+            loop = None if it is None else it * rec["per_iter_time"]
+            total = None if it is None else loop + rec["setup_time"] + rec["compile_time"]
             hit = {"iterations": it, "loop_time": loop}
             rec["hits"][str(thr)] = hit | {"time_including_setup_and_compile": total}
     return out, ref
@@ -566,12 +523,10 @@ def plot(plt, panels, title):
                 ax.scatter(x, y, label=label, s=18)
             else:
                 ax.plot(x, y, style or "-", ms=3, label=label)
-        ax.set_xscale("log" if "x" in p.get("log", "") else "linear")
-        ax.set_yscale("log" if "y" in p.get("log", "") else "linear")
         for h, ls in p.get("hlines", ()):
             ax.axhline(h, color="k", lw=0.6, ls=ls)
-        if p.get("ylim"):
-            ax.set_ylim(*p["ylim"])
+        scale = {a: "log" if a in p.get("log", "") else "linear" for a in "xy"}
+        ax.set(xscale=scale["x"], yscale=scale["y"], ylim=p.get("ylim"))
         ax.set(xlabel=p.get("xlabel", ""), ylabel=p.get("ylabel", ""))
         ax.set_title(p.get("title", ""), fontsize=9)
         if p.get("legend", 7):
@@ -585,30 +540,26 @@ def to_jsonable(obj):
         return {str(k): to_jsonable(v) for k, v in obj.items() if not str(k).startswith("_")}
     if isinstance(obj, (list, tuple)):
         return [to_jsonable(v) for v in obj]
-    if isinstance(obj, (np.ndarray, jax.Array)):
+    if isinstance(obj, (np.ndarray, np.generic, jax.Array)):
         return to_jsonable(np.asarray(obj).tolist())
-    if isinstance(obj, (np.floating, float)):
-        return float(obj) if np.isfinite(obj) else None
-    if isinstance(obj, (np.integer, np.bool_)):
-        return obj.item()
+    if isinstance(obj, float):
+        return obj if np.isfinite(obj) else None
     return None if callable(obj) or hasattr(obj, "__dict__") else obj
 
 
 def write(name, payload, markdown, panels=None, title="") -> None:
-    """``RESULTS/<name>.json``, ``.md`` and (if matplotlib imports and panels are declared: a
-    list of panel dicts, or a function of ``plt`` making a figure or such a list) ``.png``."""
+    """``RESULTS/<name>.json``, ``.md`` and (if ``panels``, a function of ``plt`` making a
+    figure or a list of panel dicts, is given) ``.png``."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(to_jsonable(payload), indent=1) + "\n")
     (RESULTS / f"{name}.md").write_text(markdown.rstrip() + "\n")
     if panels:
-        try:
-            import matplotlib
+        import matplotlib
 
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            return
-        fig = panels(plt) if callable(panels) else panels
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig = panels(plt)
         fig = plot(plt, fig, title) if isinstance(fig, list) else fig
         fig.savefig(RESULTS / f"{name}.png", dpi=120, bbox_inches="tight")
         plt.close(fig)
@@ -641,9 +592,8 @@ def svi_in_chunks(svi, state, chunk, max_steps, score, *args, stop=None, **kwarg
     (compile_s,), compiled = timed(lambda: jax.jit(steps).lower(state).compile(), 1)
     trace, loop_s = [], 0.0
     for k in range(max_steps // chunk):
-        t = time.perf_counter()
-        state = jax.block_until_ready(compiled(state))
-        loop_s += time.perf_counter() - t
+        (dt,), state = timed(lambda s=state: jax.block_until_ready(compiled(s)), 1)
+        loop_s += dt
         trace.append(((k + 1) * chunk, loop_s, *score(state)))
         if stop is not None and stop(trace[-1]):
             break

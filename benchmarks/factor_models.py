@@ -181,8 +181,7 @@ PROBLEMS = {"poisson_gamma": poisson_gamma_problem, "gamma": gamma_problem}
 def verdict(p):
     """autocvi against the SVI setting with the lowest final test loss, each one's final loss as
     the other's target (first iteration reaching it, refined by replay), and the baselines."""
-    ms, st = p["methods"], p["settings"]
-    key = st["primary"][0]
+    ms, st, key = p["methods"], p["settings"], p["settings"]["primary"][0]
     best = min((k for k, m in ms.items() if m["kind"] == "svi"), key=lambda k: ms[k]["final"][key])
     a, b = ms["autocvi"], ms[best]
     rows = []
@@ -222,12 +221,11 @@ def run(part, quick=False):
     steps = st["autocvi_num_steps"]
     m = D.AutocviMethod(rng_key=st["autocvi_rng_key"], num_samples=st["autocvi_num_samples"])
     grid = [0] + D.log_grid(steps, st["svi_grid_points"], st["svi_grid_dense"])
+    entry = D.Entry(m, model, data, steps, grid, repeats=st["autocvi_repeats"], stepwise=True)
     spec = {
         "cmd": f"factor_models:{part}",
         "title": title + (" **(--quick smoke test: not representative)**" if quick else ""),
-        "autocvi": [
-            D.Entry(m, model, data, steps, grid, repeats=st["autocvi_repeats"], stepwise=True)
-        ],
+        "autocvi": [entry],
         "guides": {"": (AutoNormal, "AutoNormal", lognormal)},
         "score": lambda q: {k: float(v) for k, v in metrics(q).items()},
         "key": key[0],

@@ -9,6 +9,7 @@ import numpyro
 import numpyro.distributions as dist
 from numpyro import handlers
 from numpyro.infer.autoguide import AutoNormal
+from numpyro.infer.util import log_density
 from numpyro.optim import Adam
 
 import autocvi
@@ -61,34 +62,30 @@ class MixtureEstimator(D.ELBOEstimator):
     """Collapsed and mean-field ELBOs of q(pi, mu, tau) from one set of draws (shared key)."""
 
     def __init__(self, data, num_samples, rng_key):
-        X, K = data["X"], data["K"]
-        super().__init__(gmm, {**data, "marginal": True}, num_samples, rng_key)
+        X, data = data["X"], {**data, "marginal": True}
+        super().__init__(gmm, data, num_samples, rng_key)  # the collapsed ELBO
+        prior = handlers.block(gmm, hide=["x"])  # log p(pi, mu, tau)
+        self._prior = jax.jit(jax.vmap(lambda z: log_density(prior, (), data, z)[0]))
 
-        def per_draw(z):  # log p(pi, mu, tau) and E-step terms log pi_k + log N(x_n | mu_k, tau_k)
-            prior = dist.Dirichlet(jnp.ones(K)).log_prob(z["pi"])
-            prior += jnp.sum(dist.Normal(0.0, 1.0).log_prob(z["mu"]))
-            prior += jnp.sum(dist.Gamma(2.0, 1.0).log_prob(z["tau"]))
+        def terms(z):  # the E-step's log pi_k + log N(x_n | mu_k, tau_k)
             comp = dist.Normal(z["mu"], 1.0 / jnp.sqrt(z["tau"])).log_prob(X[:, None, :]).sum(-1)
-            return prior, jnp.log(z["pi"]) + comp
+            return jnp.log(z["pi"]) + comp
 
-        self._per_draw = jax.jit(jax.vmap(per_draw))
+        self._terms = jax.jit(jax.vmap(terms))
 
     def __call__(self, q) -> dict:
         q = {k: v for k, v in q.items() if k != "z"}
-        coll, pq, lsum = [], [], 0.0
+        collapsed, se = super().__call__(q)
+        pq, lsum = [], 0.0
         for z, log_q in self.draws(q):
-            z, lq = {k: z[k] for k in ("pi", "mu", "tau")}, np.asarray(log_q, np.float64)
-            prior, lnk = self._per_draw(z)
-            coll.append(np.asarray(self._logp(z), np.float64) - lq)
-            pq.append(np.asarray(prior, np.float64) - lq)
-            lsum = lsum + np.asarray(lnk, np.float64).sum(0)
-        c, pq = np.concatenate(coll), np.concatenate(pq)
-        if not (np.all(np.isfinite(c)) and np.all(np.isfinite(pq))):
+            pq.append(np.asarray(self._prior(z), np.float64) - np.asarray(log_q, np.float64))
+            lsum = lsum + np.asarray(self._terms(z), np.float64).sum(0)
+        pq = np.concatenate(pq)
+        if not (np.isfinite(collapsed) and np.all(np.isfinite(pq))):
             return dict.fromkeys(("collapsed", "collapsed_se", "meanfield"), float("nan"))
         # the optimal q(z): sum_n log sum_k exp E_q[log pi_k + log N(x_n | mu_k, tau_k)]
         lse = np.sum(np.logaddexp.reduce(lsum / self.num_samples, axis=1))
-        se = c.std(ddof=1) / np.sqrt(c.size)
-        return {"collapsed": c.mean(), "collapsed_se": se, "meanfield": lse + pq.mean()}
+        return {"collapsed": collapsed, "collapsed_se": se, "meanfield": lse + pq.mean()}
 
 
 def build_bayespy(data, seed):
@@ -166,10 +163,8 @@ def run(quick=False):
     guide = lambda mod: AutoNormal(handlers.block(mod, hide=["z"]))  # noqa: E731
     loss, grid = TraceEnum_ELBO(max_plate_nesting=1), D.log_grid(ns, st["svi_grid_points"])
     for lr in st["svi_learning_rates"]:
-        setting = f"AutoNormal, Adam lr={lr:g}, TraceEnum_ELBO"
-        m = D.SVIMethod(
-            f"svi-adam-{lr:g}", guide, Adam(lr), loss, 0, setting, posterior_fn=autonormal_q
-        )
+        label, setting = f"svi-adam-{lr:g}", f"AutoNormal, Adam lr={lr:g}, TraceEnum_ELBO"
+        m = D.SVIMethod(label, guide, Adam(lr), loss, 0, setting, posterior_fn=autonormal_q)
         entries.append(D.Entry(m, config_enumerate(gmm), data, ns, grid))
     thresholds = st["thresholds_nats"]
     methods, ref = D.experiment(entries, est, key="collapsed", thresholds=thresholds, refine=())

@@ -161,12 +161,6 @@ conjugate models are checked against closed-form posteriors (`tests/test_vmp.py`
 """
 
 
-def _sections(markdown: str) -> dict[str, str]:
-    """``## heading`` -> its body (up to the next ``##``)."""
-    parts = re.split(r"^## (.*)$", markdown, flags=re.M)[1:]
-    return {h.strip(): body.strip() for h, body in zip(parts[::2], parts[1::2])}
-
-
 def render(results: Path = D.RESULTS) -> str:
     parts, missing = [INTRO.rstrip()], []
     for title, text, name in SECTIONS:
@@ -175,9 +169,10 @@ def render(results: Path = D.RESULTS) -> str:
             missing.append(name)
             continue
         body = [f"## {title}", "", text, ""]
-        for heading, section in _sections(md_path.read_text()).items():
+        split = re.split(r"^## (.*)$", md_path.read_text(), flags=re.M)[1:]  # heading, body, ...
+        for heading, section in zip(split[::2], split[1::2]):
             if heading.startswith(COPIED):
-                body += [f"#### {heading}", "", section, ""]
+                body += [f"#### {heading.strip()}", "", section.strip(), ""]
         if (results / f"{name}.png").exists():
             body += [f"![{title}](../benchmarks/results/{name}.png)", ""]
         body.append(f"Full report: [`{name}.md`](../benchmarks/results/{name}.md).")

@@ -79,7 +79,7 @@ def run(spec: dict, st: dict) -> dict:
     if spec.get("mc_check"):
         svis = [m for m in methods.values() if m["kind"] == "svi"]
         for m in (methods["autocvi"], max(svis, key=lambda m: m["final"][key])):
-            m["elbo_mc"] = est(m["_run"].posterior_at(m["num_steps"]))
+            m["elbo_mc"] = est(D.posterior_at(m, m["num_steps"]))
     out = {"title": spec["title"], "reference": ref, "autocvi_fit_defaults": fit}
     out.update(methods=methods, test_metric_label=spec.get("test_metric", (None,))[0])
     out["summary"] = summary(methods, st, spec.get("targets", True))

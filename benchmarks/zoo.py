@@ -72,24 +72,24 @@ def svi_to_reach(name, model, data, ref, target, quick):
     loss = Trace_ELBO(num_particles=500, vectorize_particles=True)
     elbo = jax.jit(lambda p, k: -loss.loss(k, p, model, m.guide, **data))
     key = jax.random.PRNGKey(2)
-    values = [float(elbo(m.params(r.kept[t]), key)) for t in checkpoints]
+    values = [float(elbo(m.svi.get_params(r["_kept"][t]), key)) for t in checkpoints]
     hit = D.first_hit(checkpoints, values, target) if target is not None else None
     # The cold-start target: within 1 nat of the better of the two optima.
     best = max(v for v in (target, svi_ref.get("elbo_best"), *values) if v is not None)
     near = D.first_hit(checkpoints, values, best - 1.0)
     draws = m.guide.sample_posterior(
-        jax.random.PRNGKey(3), m.params(r.kept[steps]), sample_shape=(4000,)
+        jax.random.PRNGKey(3), m.svi.get_params(r["_kept"][steps]), sample_shape=(4000,)
     )
     return {
         "learning_rate": svi_ref["best_lr"],
         "steps": steps,
-        "per_step_seconds": r.per_iter_time,
-        "compile_seconds": r.compile_time,
+        "per_step_seconds": r["per_iter_time"],
+        "compile_seconds": r["compile_time"],
         "elbo_at_checkpoints": dict(zip(checkpoints, values)),
         "reached_at_step": hit,
-        "seconds_to_reach": None if hit is None else hit * r.per_iter_time,
+        "seconds_to_reach": None if hit is None else hit * r["per_iter_time"],
         "one_nat_target": best - 1.0,
-        "seconds_to_one_nat": None if near is None else near * r.per_iter_time,
+        "seconds_to_one_nat": None if near is None else near * r["per_iter_time"],
         "max_abs_z": _z(name, draws, ref, data)[0],
     }
 
