@@ -171,7 +171,7 @@ class SVIMethod:
         with self._precision():
             self.guide = self.make_guide(model)
             self.svi = SVI(model, self.guide, self.optim, self.loss or Trace_ELBO())
-            self.data = jax.tree.map(jnp.float32, data) if self.float32 else data
+            self.data = jax.tree.map(_float32, data) if self.float32 else data
             names = (self.guide, self.optim, self.svi.loss)
             self.setting = self.setting or ", ".join(type(x).__name__ for x in names)
             state = self.svi.init(jax.random.PRNGKey(self.rng_key), **self.data)
@@ -211,6 +211,11 @@ class SVIMethod:
             if self.posterior_fn is not None:
                 return self.posterior_fn(params)
             return {self.site: self.guide.get_posterior(params)}
+
+
+def _float32(v):
+    """Floating data as float32 (SVI's precision); integer data (labels, counts) kept."""
+    return jnp.asarray(v, jnp.float32) if jnp.issubdtype(jnp.result_type(v), jnp.floating) else v
 
 
 class BayesPyMethod:
