@@ -554,16 +554,19 @@ def to_jsonable(obj):
 
 def write(name, payload, markdown, panels=None, title="") -> None:
     """``RESULTS/<name>.json``, ``.md`` and (if ``panels``, a function of ``plt`` making a
-    figure or a list of panel dicts, is given) ``.png``."""
+    figure or a list of panel dicts, is given, and matplotlib imports: the test extra, which
+    CI installs, has no matplotlib) ``.png``."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(to_jsonable(payload), indent=1) + "\n")
     (RESULTS / f"{name}.md").write_text(markdown.rstrip() + "\n")
     if panels:
-        import matplotlib
+        try:
+            import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return
         fig = panels(plt)
         fig = plot(plt, fig, title) if isinstance(fig, list) else fig
         fig.savefig(RESULTS / f"{name}.png", dpi=120, bbox_inches="tight")
