@@ -105,18 +105,30 @@ def new_values(data: dict, seed: int = 1) -> dict:
 
 def cvi_refit(model, data) -> dict:
     """The issue's warm refit: ``autocvi.CVI(model).run`` on data of the same shapes with
-    new values, after a first run (the CVI object keeps its trace, plan and programs;
-    a Gaussian block re-plans, as its predictor matrices are read from the data)."""
+    new values, after a first run (the CVI object keeps its trace, plan and programs; the
+    data are inputs of its compiled functions). Timed twice: the second run (its loop at
+    the short compilation's code), and once the loop's program has moved to full
+    optimisation (refits on other new values until it has, at most 60 s), as SVI's
+    compiled loop is."""
     import jax
 
     import autocvi
 
+    def refit(seed):
+        t = time.perf_counter()
+        r = cvi.run(jax.random.PRNGKey(0), 500, **new_values(data, seed))
+        jax.block_until_ready(r.state)
+        return time.perf_counter() - t, r.num_steps
+
+    fast = autocvi.program_cache_info()["fast"]
     cvi = autocvi.CVI(model)
     jax.block_until_ready(cvi.run(jax.random.PRNGKey(0), 500, **data).state)
-    t = time.perf_counter()
-    r = cvi.run(jax.random.PRNGKey(0), 500, **new_values(data))
-    jax.block_until_ready(r.state)
-    return {"cvi_new_data_seconds": time.perf_counter() - t, "cvi_new_data_steps": r.num_steps}
+    seconds, steps = refit(1)
+    out = {"cvi_new_data_seconds": seconds, "cvi_new_data_steps": steps}
+    seeds = iter(range(2, 10**6))
+    if D.optimised(lambda: refit(next(seeds)), fast, seconds=60.0):
+        out["cvi_new_data_optimised_seconds"] = refit(1)[0]
+    return out
 
 
 def run_one(name, quick=False) -> dict:
@@ -444,6 +456,14 @@ def _cvi_ratio(r):
     return r["cvi_new_data_seconds"] / svi["seconds_to_one_nat"]
 
 
+def _cvi_optimised_ratio(r):
+    """The same, once the loop's program is fully optimised (as SVI's is)."""
+    svi = r.get("svi") or {}
+    if not svi.get("seconds_to_one_nat") or not r.get("cvi_new_data_optimised_seconds"):
+        return None
+    return r["cvi_new_data_optimised_seconds"] / svi["seconds_to_one_nat"]
+
+
 def _reached(label, r):
     svi = r.get("svi") or {}
     if "one_nat_target" not in svi or r.get("elbo") is None:
@@ -466,6 +486,8 @@ COLD_COLUMNS = [
     ("warm / SVI loop", lambda k, r: _warm_ratio(r), ".3g"),
     ("warm `CVI.run`, new data, s", "cvi_new_data_seconds", ".3f"),
     ("warm `CVI.run` / SVI loop", lambda k, r: _cvi_ratio(r), ".3g"),
+    ("same, loop optimised, s", "cvi_new_data_optimised_seconds", ".3f"),
+    ("optimised `CVI.run` / SVI loop", lambda k, r: _cvi_optimised_ratio(r), ".3g"),
 ]
 
 
@@ -477,6 +499,13 @@ def cold_start_markdown(p) -> str:
     faster = [k for k, x in warm.items() if x is not None and x < 1.0]
     runs = {k: _cvi_ratio(r) for k, r in res.items() if r.get("kind") in ("VMP", "Gaussian block")}
     runs_faster = [k for k, x in runs.items() if x is not None and x < 1.0]
+    tiered = {
+        k: _cvi_optimised_ratio(r)
+        for k, r in res.items()
+        if r.get("kind") in ("VMP", "Gaussian block")
+    }
+    tiered_faster = [k for k, x in tiered.items() if x is not None and x < 1.0]
+    compared = [k for k, x in runs.items() if x is not None]
     median = f"{np.median(cold):.3g}" if cold else "—"
     worst = f"{max(cold):.3g}" if cold else "—"
     return f"""# Cold start: what a user waits for, autocvi against NumPyro SVI
@@ -496,16 +525,23 @@ own ELBO reached that target. Warm `CVI.run`, new data: the issue's warm refit w
 of the same shapes, `autocvi.CVI(model).run(key, 500, **data)` once and then timed on the
 same arrays with their rows in another order (`new_values`: the rows of every array whose
 leading axis is the longest, permuted together), which keeps shapes and supports; the CVI
-object keeps its trace, plan and programs, except that a Gaussian block re-plans (its
-predictor matrices are read from the data), and `run` skips `fit`'s after-fit checks.
+object keeps its trace, plan and compiled programs, its data are inputs of those programs
+(a Gaussian block reads its predictor matrices from them in one compiled program), and `run`
+skips `fit`'s after-fit checks. It retraces only for an argument a latent's prior reads
+(a GP's inputs) or a model that needs concrete data (an `obs_mask`). The second run's loop is
+still the short compilation's code (docs/compilation.md); "same, loop optimised" times it
+once the loop's program has moved to full optimisation (after refits on other row orders),
+as SVI's compiled loop is.
 
 ## Headline: cold and warm time to within 1 nat, against SVI
 
 **Summary**: cold time / SVI's cold time (compile + loop to 1 nat): median {median}, worst
 {worst} over {len(cold)} models where SVI reached the target. Warm refit faster than SVI's
-compiled loop on {len(faster)} of {len(warm)} VMP and Gaussian-block models; warm `CVI.run` on
-new data faster on {len(runs_faster)} of them ({", ".join(f"`{k}`" for k in runs_faster) or "none"}). Run with
-{_concurrency(p)}.
+compiled loop on {len(faster)} of {len(warm)} VMP and Gaussian-block models. Warm `CVI.run` on
+new data, of the {len(compared)} of them where SVI reached 1 nat: faster on {len(runs_faster)}
+({", ".join(f"`{k}`" for k in runs_faster) or "none"}) at its second run, on
+{len(tiered_faster)} ({", ".join(f"`{k}`" for k in tiered_faster) or "none"}) once its loop is
+optimised. Run with {_concurrency(p)}.
 
 {D.table(COLD_COLUMNS, res)}
 

@@ -293,9 +293,23 @@ def logistic(X, y=None):
         numpyro.sample("y", dist.Bernoulli(logits=X @ w), obs=y)
 
 
-def test_gaussian_block_plans_again_for_new_data(monkeypatch):
-    """A Gaussian block reads its predictor matrix from the data when planned: new data of
-    the same shape re-plan from the cached trace (no retrace) and fit the new data."""
+def count_plans(monkeypatch):
+    """Record every planning of a schedule from a cached trace (``CVI``'s re-plan)."""
+    calls = []
+    original = schedule_module.build_schedule
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(schedule_module, "build_schedule", counting)
+    return calls
+
+
+def test_gaussian_block_reads_new_data_without_planning_again(monkeypatch):
+    """A Gaussian block's predictor matrix is read from the data in a compiled program:
+    new data of the same shapes neither retrace, re-plan nor compile, and the fit is the
+    one of a fresh ``autocvi.fit`` on those data (whose plan reads them when planned)."""
     rng = np.random.RandomState(4)
     X1, X2 = rng.randn(20, 2), rng.randn(20, 2)
     y1 = (X1 @ np.array([1.5, -1.0]) > 0).astype(float)
@@ -304,16 +318,54 @@ def test_gaussian_block_plans_again_for_new_data(monkeypatch):
     first = cvi.run(jax.random.PRNGKey(0), 100, X1, y=y1)
     assert cvi.get_schedule(first.state).blocks  # the case under test
     mean1 = cvi.get_posterior(first.state)["w"].mean
-    calls = count_traces(monkeypatch)
+    traces, plans = count_traces(monkeypatch), count_plans(monkeypatch)
+    compiled = autocvi.program_cache_info()["misses"]
     second = cvi.run(jax.random.PRNGKey(0), 100, X2, y=y2)
-    assert calls == [] and second.state.plan != first.state.plan
+    assert traces == [] and plans == [] and second.state.plan == first.state.plan
+    assert autocvi.program_cache_info()["misses"] == compiled
+    q2 = cvi.get_posterior(second.state)["w"]
+    monkeypatch.undo()
+    fresh = autocvi.fit(logistic, {"X": X2, "y": y2}, progress_bar=False)
+    np.testing.assert_allclose(q2.mean, fresh.posterior["w"].mean, rtol=1e-6)
+    np.testing.assert_allclose(
+        q2.covariance_matrix, fresh.posterior["w"].covariance_matrix, rtol=1e-6
+    )
+    np.testing.assert_allclose(second.elbo[-1], fresh.elbo_final, rtol=1e-8)
     # each posterior separates its own (separable) data; mixing one's X with the
     # other's y would give a mean of norm ~0.3 (checked with autocvi.fit)
-    mean2 = cvi.get_posterior(second.state)["w"].mean
-    for mean, X, y in [(mean1, X1, y1), (mean2, X2, y2)]:
+    for mean, X, y in [(mean1, X1, y1), (q2.mean, X2, y2)]:
         assert np.mean((X @ mean > 0) == (y > 0)) >= 0.9 and np.linalg.norm(mean) > 1.5
-    # the first state keeps its own plan and posterior
+    # the first state keeps its own data and posterior
     np.testing.assert_array_equal(cvi.get_posterior(first.state)["w"].mean, mean1)
+
+
+def indexed_walk(idx, y=None):
+    """Counts on a random walk read through an index array (``f[idx]``)."""
+    f = numpyro.sample("f", dist.GaussianRandomWalk(0.5, num_steps=12))
+    with numpyro.plate("n", 12):
+        numpyro.sample("y", dist.Poisson(jnp.exp(f[idx])), obs=y)
+
+
+def test_new_data_that_break_a_blocks_structure_plan_again(monkeypatch):
+    """With ``idx = arange`` each count reads its own state (the Markov solver's
+    structure); a permuted ``idx`` does not, which the compiled read of the new data
+    detects: CVI plans again for those data (from the cached trace) and fits them as a
+    fresh ``autocvi.fit`` does."""
+    y = np.random.RandomState(0).poisson(3.0, size=12).astype(float)
+    idx1, idx2 = np.arange(12), np.random.RandomState(1).permutation(12)
+    cvi = autocvi.CVI(indexed_walk)
+    first = cvi.run(jax.random.PRNGKey(0), 200, idx1, y=y)
+    assert cvi.get_schedule(first.state).blocks["f"].solver == "markov"
+    traces, plans = count_traces(monkeypatch), count_plans(monkeypatch)
+    second = cvi.run(jax.random.PRNGKey(0), 200, idx2, y=y)
+    assert traces == [] and plans == [1] and second.state.plan != first.state.plan
+    block = cvi.get_schedule(second.state).blocks.get("f")
+    assert block is None or block.solver != "markov"  # here: dense natural parameters
+    monkeypatch.undo()
+    fresh = autocvi.fit(indexed_walk, {"idx": idx2, "y": y}, progress_bar=False)
+    q, q_fresh = cvi.get_posterior(second.state)["f"], fresh.posterior["f"]
+    np.testing.assert_allclose(q.mean, q_fresh.mean, rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(q.variance, q_fresh.variance, rtol=1e-5)
 
 
 def test_a_matrix_valued_member_has_a_mean_and_variance():

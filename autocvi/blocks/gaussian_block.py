@@ -30,7 +30,7 @@ element reads one state, by one Jacobian-vector product plus a random check.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
@@ -81,6 +81,9 @@ class _Term:
     # The reward's gradient is a sampling estimate (DLM's bMC, uPS): its value is
     # computed apart (GaussianBlock.update).
     sampled: bool = False
+    # The factor's LinearPredictor: the arrays above are read from it again for new
+    # data (GaussianBlock.data_arrays).
+    predictor: Any = field(default=None, repr=False)
 
     @property
     def size(self) -> int:
@@ -152,6 +155,64 @@ class GaussianBlock:
 
     def describe(self) -> str:
         return f"{self.solver} sites ({self.num_sites} sites, D = {self.dim})"
+
+    # ------------------------------------------------------------ new data
+    def data_arrays(self, values: dict):
+        """``(arrays, ok)``: the arrays of this block that the data decide, read from
+        ``values`` (the factors' inputs: data and params; tracers inside a compiled
+        program) with the structure chosen when the block was found.
+
+        ``arrays``: per term its predictor's offset ``b`` and matrix ``A`` or
+        per-element slopes ``a`` (``eta = A x + b``), and the prior's arrays that
+        involve them (:func:`_predictor_prior`). ``ok``: the structure still holds for
+        these values (a term read as one state per element, ``eta_t = a_t x_t + b_t``,
+        still is: the random-probe check :func:`find_block` made). The prior itself
+        (its precision, mean and factor) is not read again: the caller keeps data that
+        a prior reads baked into the plan (``autocvi.CVI``).
+        """
+        lay, name = self.layout, self.name
+        dtype = jnp.result_type(float)
+        x0 = jnp.zeros((self.dim,), dtype)
+        probe = jnp.asarray(_probe(self.dim, dtype))
+        rel = _relative_tolerance(dtype)
+        ok = jnp.asarray(True)
+        terms = []
+        for t in self.terms:
+
+            def eta_flat(x, lp=t.predictor):
+                return jnp.reshape(lp.eta_fn({**values, name: lay.to_site(x)}), (-1,))
+
+            b, jvp = jax.linearize(eta_flat, x0)
+            entry = {"b": b}
+            if t.a is not None:
+                a, lin = jvp(jnp.ones_like(x0)), jvp(probe)
+                ok = ok & jnp.all(jnp.abs(a * probe - lin) <= rel * (1 + jnp.max(jnp.abs(lin))))
+                entry["a"] = a
+            if t.A is not None:
+                entry["A"] = jax.jacfwd(eta_flat)(x0)
+            terms.append(entry)
+        prior = {}
+        if "At" in self.prior:
+            A = jnp.concatenate([e["A"] for e in terms])
+            b = jnp.concatenate([e["b"] for e in terms])
+            prior = _predictor_prior(self.prior, A, b, function_space="K" in self.prior)
+        return {"terms": tuple(terms), "prior": prior}, ok
+
+    def with_data(self, values: dict, arrays: dict) -> GaussianBlock:
+        """This block for other data: ``arrays`` from :meth:`data_arrays` of the same
+        ``values``, and each term's log density per element reading ``values``."""
+        terms = []
+        for t, entry in zip(self.terms, arrays["terms"], strict=True):
+            rest, residual = t.predictor.point_rest(values)
+            terms.append(
+                replace(
+                    t,
+                    rest=rest,
+                    residual=jnp.ravel(jnp.broadcast_to(residual, t.eta_shape)),
+                    **entry,
+                )
+            )
+        return replace(self, terms=tuple(terms), prior={**self.prior, **arrays["prior"]})
 
     # ------------------------------------------------------------ the state
     def init_sites(self, dtype=None) -> dict:
@@ -715,8 +776,8 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
 
     # The probes and the checks on their results are numpy: jnp on constants outside
     # a compiled program compiles each small op on its own (half a second of a cold plan).
-    probe = np.random.RandomState(11).standard_normal(dim).astype(dtype)
-    rel = 1e-8 if dtype == jnp.float64 else 1e-4
+    probe = _probe(dim, dtype)
+    rel = _relative_tolerance(dtype)
     colours = np.arange(dim) % 3
     directions = np.stack(
         [probe, np.ones(dim, dtype)] + [(colours == c).astype(dtype) for c in range(3)]
@@ -802,6 +863,7 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
                 expected=factors[fname].expected,
                 mean_only=factors[fname].reward_reads_mean_only,
                 sampled=factors[fname].sampled_gradients,
+                predictor=lp,
             )
         )
 
@@ -826,8 +888,8 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
     b = np.concatenate([np.asarray(t.b) for t in terms])
     if dense is not None:
         m0, L0, Q0 = dense
-        L0_np = np.asarray(L0)
-        prior = {"m0": m0, "L0": L0, "Q0": Q0, "At": A @ L0_np, "mf": A @ np.asarray(m0) + b}
+        prior = {"m0": np.asarray(m0), "L0": np.asarray(L0), "Q0": Q0}
+        prior.update(_predictor_prior(prior, A, b, function_space=False))
         prior = {k: jnp.asarray(v) for k, v in prior.items()}
         return GaussianBlock(
             name, "weight-space", tuple(exact), tuple(terms), lay, dim, prior, signed_sites=signed
@@ -837,18 +899,39 @@ def find_block(node, factors, example: dict, params: dict) -> GaussianBlock | No
     q_ones_np, h_np = np.asarray(q_ones), np.asarray(h)
     sd0 = 1.0 / np.sqrt(q_ones_np)
     m0 = h_np / q_ones_np
-    prior = {"m0": m0, "sd0": sd0, "At": A * sd0[None, :], "mf": A @ m0 + b}
     solver = "function-space" if (lay.whitening is not None or num_sites < dim) else "weight-space"
     if signed and dim <= _MAX_DENSE_PRIOR:
         solver = "weight-space"  # it takes signed sites; function-space would clip them
-    if solver == "function-space":
-        # The predictors' prior covariance, formed once (every solve needs it).
-        prior["K"] = prior["At"] @ prior["At"].T
+    prior = {"m0": m0, "sd0": sd0}
+    prior.update(_predictor_prior(prior, A, b, function_space=solver == "function-space"))
     prior = {k: jnp.asarray(v) for k, v in prior.items()}
     signed = signed and BLOCK_SOLVERS[solver].signed_sites
     return GaussianBlock(
         name, solver, tuple(exact), tuple(terms), lay, dim, prior, signed_sites=signed
     )
+
+
+def _predictor_prior(prior: dict, A, b, function_space: bool) -> dict:
+    """The prior's arrays that involve the predictors ``eta = A x + b`` (numpy or jax
+    arrays alike): ``At = A T0`` (``eta - mf`` as a function of the whitened prior
+    variable u, ``x = m0 + T0 u``) and ``mf = A m0 + b``, the predictors' prior mean;
+    for the function-space solver also ``K = At At^T``, the predictors' prior
+    covariance, formed once (every solve needs it)."""
+    At = A @ prior["L0"] if "L0" in prior else A * prior["sd0"][None, :]
+    out = {"At": At, "mf": A @ prior["m0"] + b}
+    if function_space:
+        out["K"] = At @ At.T
+    return out
+
+
+def _probe(dim: int, dtype):
+    """The random direction the structure checks probe with (a fixed draw)."""
+    return np.random.RandomState(11).standard_normal(dim).astype(dtype)
+
+
+def _relative_tolerance(dtype) -> float:
+    """The structure checks' relative tolerance at this precision."""
+    return 1e-8 if dtype == jnp.float64 else 1e-4
 
 
 # Largest dense prior precision (D x D) a block reads with a Hessian.

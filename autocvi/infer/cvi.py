@@ -28,9 +28,11 @@ Three cases keep the data fixed in the plan instead ("baked"):
 * an argument that a latent site's own prior depends on (a GP kernel built
   from ``X``): the prior decides the layout (whitening, constraints), so new
   values of it retrace the model;
-* models with Gaussian blocks (their predictor matrices are read from the data
-  when planned): new data re-plan from the cached trace (no retrace) and
-  recompile;
+* a Gaussian block's predictor matrices and offsets are read from the data once
+  per data (one compiled program, :meth:`GaussianBlock.data_arrays`) and enter
+  the compiled functions as inputs too; only when new data break the structure
+  the block was planned with (a term read as one state per element no longer
+  is) is it planned again from the cached trace (no retrace), and recompiled;
 * models whose code needs concrete data (numpy calls on the data, Python
   control flow on its values): traced with the data as constants; new values
   retrace.
@@ -59,6 +61,9 @@ __all__ = ["CVI", "CVIRunState", "CVIRunResult"]
 
 # Name prefix of the hidden param sites that carry the model's array arguments.
 _DATA_PREFIX = "_data."
+# The key of the compiled functions' inputs that holds the Gaussian blocks' arrays read
+# from the data (GaussianBlock.data_arrays): block name -> arrays.
+_BLOCKS = "_blocks"
 # Plans kept per CVI object (older states of baked plans lose their posterior).
 _MAX_PLANS = 16
 
@@ -68,11 +73,14 @@ class CVIRunState(NamedTuple):
 
     ``state``: the engine's :class:`~autocvi.engine.CVIState` (natural
     parameters, rng key, iteration); ``plan``: which of the CVI object's plans
-    (schedule for one shape of the data) it belongs to.
+    (schedule for one shape of the data) it belongs to; ``inputs``: the data the
+    state was computed on, when its Gaussian blocks read them (their posterior
+    depends on the predictors), else None.
     """
 
     state: CVIState
     plan: int
+    inputs: dict | None = None
 
 
 class CVIRunResult(NamedTuple):
@@ -126,6 +134,8 @@ class _Plan:
     bound: bool  # data enter the compiled functions as inputs
     data: dict  # the data values the schedule was planned with (param name -> array)
     compiled: dict = field(default_factory=dict)
+    # (inputs, the Gaussian blocks' arrays read from them): the last data's
+    block_arrays: tuple | None = None
 
 
 class CVI:
@@ -194,7 +204,7 @@ class CVI:
         """Trace and plan the model for these arguments (cached per shape) and start CVI."""
         plan, inputs = self._prepare(args, kwargs)
         state = self._compiled(plan, "init")(_as_key(rng_key), inputs)
-        return CVIRunState(state, plan.id)
+        return _run_state(state, plan, inputs)
 
     def update(self, state: CVIRunState, *args, **kwargs):
         """One CVI step (compiled once per shape). Returns ``(state, elbo)``.
@@ -212,12 +222,12 @@ class CVI:
             and last[0] is state
             and state.plan == plan.id  # data baked into a plan changed: a new plan
             and last[1].keys() == inputs.keys()
-            and all(_same_array(last[1][k], v) for k, v in inputs.items())
+            and all(_same_array(last[1][k], v) for k, v in inputs.items() if k != _BLOCKS)
         )
         new, elbo = self._step(
             plan, state, inputs, sched.step_size, sched.block_step_size, fresh=not continues
         )
-        out = CVIRunState(new, plan.id)
+        out = _run_state(new, plan, inputs)
         self._last_update = (out, inputs)
         return out, elbo
 
@@ -289,7 +299,7 @@ class CVI:
         if trace is not None:
             trace.excuse_boundaries(diagnostics, elbos)
         report(diagnostics, elbos.size)
-        run_state = CVIRunState(state, plan.id)
+        run_state = _run_state(state, plan, inputs)
         return CVIRunResult(
             params=self.get_params(run_state),
             state=run_state,
@@ -302,7 +312,7 @@ class CVI:
     def get_params(self, state: CVIRunState) -> dict:
         """The model's ``numpyro.param`` values: the learned ones at ``state``, the
         fixed ones as traced."""
-        params = {**self._plan_of(state).schedule.params, **state.state.params}
+        params = {**self.get_schedule(state).params, **state.state.params}
         return {k: v for k, v in params.items() if not k.startswith(_DATA_PREFIX)}
 
     def get_posterior(self, state: CVIRunState) -> dict:
@@ -311,13 +321,13 @@ class CVI:
         Members of a joint Gaussian group get their marginals; :meth:`guide`
         samples the group jointly.
         """
-        return posterior_of(self._plan_of(state).schedule, state.state)
+        return posterior_of(self.get_schedule(state), state.state)
 
     def guide(self, state: CVIRunState):
         """q as a guide for ``numpyro.infer.Predictive`` (a :class:`~autocvi.infer.guide.CVIGuide`)."""
         from .guide import CVIGuide
 
-        schedule = self._plan_of(state).schedule
+        schedule = self.get_schedule(state)
         natural = state.state.natural
         joint = []
         for group in schedule.joint:
@@ -334,8 +344,14 @@ class CVI:
         )
 
     def get_schedule(self, state: CVIRunState):
-        """The :class:`~autocvi.plan.Schedule` a state belongs to (``print`` it)."""
-        return self._plan_of(state).schedule
+        """The :class:`~autocvi.plan.Schedule` a state belongs to (``print`` it), with
+        its Gaussian blocks read from the data the state was computed on."""
+        schedule = self._plan_of(state).schedule
+        if state.inputs is None:
+            return schedule
+        bound = replace(schedule, params=dict(schedule.params), blocks=dict(schedule.blocks))
+        _Bound(bound, state.inputs).__enter__()  # applied for good, to the copy
+        return bound
 
     # ------------------------------------------------------------ plumbing
     def _plan_of(self, state):
@@ -394,7 +410,27 @@ class CVI:
         elif not plan.bound and not all(_same_array(plan.data[k], v) for k, v in inputs.items()):
             # Data baked into the plan changed: plan again from the cached trace.
             plan = self._new_plan(traced, self._replan(traced.schedule, inputs), inputs)
+        if plan.bound and plan.schedule.blocks:
+            blocks = self._block_arrays(plan, inputs)
+            if blocks is None:
+                # These data break a block's structure: plan again for them (baked).
+                schedule = self._replan(traced.schedule, inputs)
+                plan = self._new_plan(traced, schedule, inputs, bound=False)
+            else:
+                inputs = {**inputs, _BLOCKS: blocks}
         return plan, (inputs if plan.bound else {})
+
+    def _block_arrays(self, plan, inputs):
+        """The Gaussian blocks' arrays read from ``inputs`` (one compiled program, its
+        result kept for the last data), or None if a block's structure does not hold."""
+        last = plan.block_arrays
+        if last is not None and all(_same_array(last[0][k], v) for k, v in inputs.items()):
+            return last[1]
+        arrays, ok = self._compiled(plan, "block_arrays")(inputs)
+        if not bool(ok):
+            return None
+        plan.block_arrays = (dict(inputs), arrays)
+        return arrays
 
     def _options(self, data_params) -> dict:
         """The planner options, with the hidden data params held (inputs, never learned)."""
@@ -462,9 +498,20 @@ class CVI:
             **options,
         )
 
-    def _new_plan(self, traced: _Traced, schedule, inputs) -> _Plan:
-        # Gaussian blocks read their predictor matrices from the data when planned.
-        bound = bool(traced.wrapped) and not schedule.blocks
+    def _new_plan(self, traced: _Traced, schedule, inputs, bound=True) -> _Plan:
+        # A Gaussian block's prior must not read the data (its arrays other than the
+        # predictors' are not read again): such data are baked instead.
+        hidden = {_DATA_PREFIX + k for k in traced.wrapped}
+        graph = schedule.graph
+        bound = (
+            bound
+            and bool(traced.wrapped)
+            and all(
+                f in graph.factors and not set(graph.factors[f].params) & hidden
+                for block in schedule.blocks.values()
+                for f in block.prior_factors
+            )
+        )
         plan = _Plan(
             id=self._next_id,
             traced=traced,
@@ -523,6 +570,16 @@ def _compile(plan: _Plan, what):
 
     if what == "constants":
         return structural_jit(constants)
+    if what == "block_arrays":
+
+        def block_arrays(inputs):
+            with _Bound(schedule, inputs):
+                values = _block_values(schedule)
+                read = {n: b.data_arrays(values) for n, b in schedule.blocks.items()}
+            ok = jnp.all(jnp.stack([r[1] for r in read.values()]))
+            return {n: r[0] for n, r in read.items()}, ok
+
+        return structural_jit(block_arrays, runs_once=True)
     if what == "init":
 
         def init(key, inputs):
@@ -579,26 +636,47 @@ def _compile(plan: _Plan, what):
 class _Bound:
     """Temporarily give the schedule's data params (and step sizes) other values.
 
-    The engine reads ``schedule.params`` and the step sizes when its functions
-    are traced, so inside ``jit`` they become inputs of the compiled function
-    instead of constants.
+    The engine reads ``schedule.params``, ``schedule.blocks`` and the step sizes
+    when its functions are traced, so inside ``jit`` they become inputs of the
+    compiled function instead of constants. ``values[_BLOCKS]``: the Gaussian
+    blocks' arrays for these data (:meth:`GaussianBlock.data_arrays`).
     """
 
     def __init__(self, schedule, values: dict, step_sizes=None):
-        self.schedule, self.values, self.step_sizes = schedule, values, step_sizes
+        self.schedule, self.step_sizes = schedule, step_sizes
+        self.values = {k: v for k, v in values.items() if k != _BLOCKS}
+        self.blocks = values.get(_BLOCKS)
 
     def __enter__(self):
-        params = self.schedule.params
+        schedule = self.schedule
+        params = schedule.params
         self.saved = {k: params[k] for k in self.values}
-        self.saved_steps = (self.schedule.step_size, self.schedule.block_step_size)
+        self.saved_steps = (schedule.step_size, schedule.block_step_size)
+        self.saved_blocks = dict(schedule.blocks)
         params.update(self.values)
         if self.step_sizes is not None:
-            self.schedule.step_size, self.schedule.block_step_size = self.step_sizes
+            schedule.step_size, schedule.block_step_size = self.step_sizes
+        if self.blocks is not None:
+            # In place: the engine's functions hold this dict.
+            values = _block_values(schedule)
+            for name, arrays in self.blocks.items():
+                schedule.blocks[name] = schedule.blocks[name].with_data(values, arrays)
 
     def __exit__(self, *exc):
         self.schedule.params.update(self.saved)
         self.schedule.step_size, self.schedule.block_step_size = self.saved_steps
+        self.schedule.blocks.update(self.saved_blocks)
         return False
+
+
+def _block_values(schedule) -> dict:
+    """What a Gaussian block's factors read (as when it was found: ``find_block``)."""
+    return {**schedule.graph.example_values, **schedule.params}
+
+
+def _run_state(state, plan, inputs) -> CVIRunState:
+    """The state handed to the user: with its data when its blocks read them."""
+    return CVIRunState(state, plan.id, inputs if _BLOCKS in inputs else None)
 
 
 def _loop(runner, carry, num_steps, progress_bar):
