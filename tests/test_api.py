@@ -339,6 +339,41 @@ def test_gaussian_block_reads_new_data_without_planning_again(monkeypatch):
     np.testing.assert_array_equal(cvi.get_posterior(first.state)["w"].mean, mean1)
 
 
+def gp_classifier(X, y=None):
+    """GP classification as users write it: a kernel built from the inputs."""
+    sq = jnp.sum((X[:, None, :] - X[None, :, :]) ** 2, axis=-1)
+    K = jnp.exp(-0.5 * sq) + 1e-5 * jnp.eye(X.shape[0])
+    f = numpyro.sample("f", dist.MultivariateNormal(jnp.zeros(X.shape[0]), K))
+    numpyro.sample("y", dist.Bernoulli(logits=f), obs=y)
+
+
+def test_gp_kernel_inputs_are_data_inputs_too(monkeypatch):
+    """New inputs of a GP (its kernel, read by the latent's own prior, moves with them)
+    neither retrace, re-plan nor compile: the block reads its whitening and predictors
+    from them, and the fit is the one of a fresh ``autocvi.fit`` on those data."""
+    rng = np.random.RandomState(2)
+    X1, X2 = rng.randn(30, 2), rng.randn(30, 2)
+    y1, y2 = (X1[:, 0] > 0).astype(float), (X2[:, 1] > 0).astype(float)
+    cvi = autocvi.CVI(gp_classifier)
+    first = cvi.run(jax.random.PRNGKey(0), 100, X1, y=y1)
+    assert cvi.get_schedule(first.state).blocks["f"].layout.whitening is not None
+    traces, plans = count_traces(monkeypatch), count_plans(monkeypatch)
+    compiled = autocvi.program_cache_info()["misses"]
+    second = cvi.run(jax.random.PRNGKey(0), 100, X2, y=y2)
+    assert traces == [] and plans == [] and second.state.plan == first.state.plan
+    assert autocvi.program_cache_info()["misses"] == compiled
+    monkeypatch.undo()
+    # each state keeps its own data's posterior
+    for run, X, y in [(second, X2, y2), (first, X1, y1)]:
+        fresh = autocvi.fit(gp_classifier, {"X": X, "y": y}, progress_bar=False)
+        q, q_fresh = cvi.get_posterior(run.state)["f"], fresh.posterior["f"]
+        np.testing.assert_allclose(q.mean, q_fresh.mean, rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(
+            q.covariance_matrix, q_fresh.covariance_matrix, rtol=1e-6, atol=1e-9
+        )
+        np.testing.assert_allclose(run.elbo[-1], fresh.elbo_final, rtol=1e-8)
+
+
 def indexed_walk(idx, y=None):
     """Counts on a random walk read through an index array (``f[idx]``)."""
     f = numpyro.sample("f", dist.GaussianRandomWalk(0.5, num_steps=12))

@@ -25,7 +25,8 @@ def latent_layouts(graph: FactorGraph) -> dict[str, LatentLayout]:
         prior, value = graph.example_site(name)
         plate_axes = {len(var.batch_shape) + p.dim for p in var.plates}
         own = graph.factors[name]
-        constant = own.latents == (name,) and not own.params
+        # Data read through params are constants of the prior (autocvi.CVI's inputs).
+        constant = own.latents == (name,) and all(graph.params[p].data for p in own.params)
         layouts[name] = make_layout(name, prior, value, var.batch_shape, plate_axes, constant)
     return layouts
 

@@ -191,8 +191,8 @@ def make_layout(
         value: an example value of the site.
         batch_shape: the prior's batch shape.
         plate_axes: axes of the value that belong to plates.
-        constant_prior: the prior's parameters depend on no latent or param
-            (then a MultivariateNormal prior is whitened).
+        constant_prior: the prior's parameters depend on no latent and no param
+            other than data (then a MultivariateNormal prior is whitened).
     """
 
     shape = tuple(jnp.shape(value))

@@ -157,7 +157,7 @@ class GaussianBlock:
         return f"{self.solver} sites ({self.num_sites} sites, D = {self.dim})"
 
     # ------------------------------------------------------------ new data
-    def data_arrays(self, values: dict):
+    def data_arrays(self, values: dict, whitening=None):
         """``(arrays, ok)``: the arrays of this block that the data decide, read from
         ``values`` (the factors' inputs: data and params; tracers inside a compiled
         program) with the structure chosen when the block was found.
@@ -166,11 +166,15 @@ class GaussianBlock:
         per-element slopes ``a`` (``eta = A x + b``), and the prior's arrays that
         involve them (:func:`_predictor_prior`). ``ok``: the structure still holds for
         these values (a term read as one state per element, ``eta_t = a_t x_t + b_t``,
-        still is: the random-probe check :func:`find_block` made). The prior itself
-        (its precision, mean and factor) is not read again: the caller keeps data that
-        a prior reads baked into the plan (``autocvi.CVI``).
+        still is: the random-probe check :func:`find_block` made). ``whitening``: the
+        ``(loc, scale_tril)`` of a whitened site's own MultivariateNormal prior at
+        these values (a GP's kernel at new inputs): the site is ``loc + scale_tril x``
+        with x ~ N(0, I) a priori whatever they are, so only the predictors move.
+        Otherwise the prior (its precision, mean and factor) is not read again: the
+        caller keeps data that such a prior reads baked into the plan (``autocvi.CVI``).
         """
-        lay, name = self.layout, self.name
+        name = self.name
+        lay = self.layout if whitening is None else replace(self.layout, whitening=whitening)
         dtype = jnp.result_type(float)
         x0 = jnp.zeros((self.dim,), dtype)
         probe = jnp.asarray(_probe(self.dim, dtype))
@@ -196,7 +200,10 @@ class GaussianBlock:
             A = jnp.concatenate([e["A"] for e in terms])
             b = jnp.concatenate([e["b"] for e in terms])
             prior = _predictor_prior(self.prior, A, b, function_space="K" in self.prior)
-        return {"terms": tuple(terms), "prior": prior}, ok
+        arrays = {"terms": tuple(terms), "prior": prior}
+        if whitening is not None:
+            arrays["whitening"] = tuple(whitening)
+        return arrays, ok
 
     def with_data(self, values: dict, arrays: dict) -> GaussianBlock:
         """This block for other data: ``arrays`` from :meth:`data_arrays` of the same
@@ -212,7 +219,19 @@ class GaussianBlock:
                     **entry,
                 )
             )
-        return replace(self, terms=tuple(terms), prior={**self.prior, **arrays["prior"]})
+        layout = self.layout
+        if "whitening" in arrays:
+            layout = replace(layout, whitening=arrays["whitening"])
+        return replace(
+            self, terms=tuple(terms), prior={**self.prior, **arrays["prior"]}, layout=layout
+        )
+
+    @property
+    def whitened_own_prior(self) -> bool:
+        """The block's prior is its site's own MultivariateNormal, whitened: N(0, I) on
+        the block's coordinates whatever the prior's parameters (data it reads are
+        read again by :meth:`data_arrays`)."""
+        return self.layout.whitening is not None and self.prior_factors == (self.name,)
 
     # ------------------------------------------------------------ the state
     def init_sites(self, dtype=None) -> dict:

@@ -25,9 +25,11 @@ arguments: every array argument (ndim >= 1) enters the trace as a hidden
 ``update`` with new data of the same shapes neither retraces nor recompiles.
 Three cases keep the data fixed in the plan instead ("baked"):
 
-* an argument that a latent site's own prior depends on (a GP kernel built
-  from ``X``): the prior decides the layout (whitening, constraints), so new
-  values of it retrace the model;
+* an argument that a latent site's own prior depends on: the prior decides the
+  layout (whitening, constraints), so new values of it retrace the model; except
+  where that latent is a Gaussian block with its own whitened MultivariateNormal
+  prior (a GP's kernel built from ``X``, with a likelihood of one predictor per
+  element), whose whitening is read from the new data with its predictors;
 * a Gaussian block's predictor matrices and offsets are read from the data once
   per data (one compiled program, :meth:`GaussianBlock.data_arrays`) and enter
   the compiled functions as inputs too; only when new data break the structure
@@ -51,6 +53,7 @@ import numpyro
 
 from ..analysis.layout import site_posterior
 from ..engine.step import CVIState, cvi
+from ..families import unwrap_distribution
 from ..jaxpr import structural_jit
 from ..plan import schedule as _planner
 from .convergence import diagnose_schedule, report
@@ -469,9 +472,11 @@ class CVI:
             # Arguments a latent's own prior reads decide its layout: keep them constant.
             graph = schedule.user_graph or schedule.graph
             hidden = {_DATA_PREFIX + k for k in names}
+            rebound = {n for n, b in schedule.blocks.items() if b.whitened_own_prior}
             in_priors = {
                 p[len(_DATA_PREFIX) :]
                 for n in graph.latent_names
+                if n not in rebound
                 for p in graph.factors[n].params
                 if p in hidden
             }
@@ -500,16 +505,19 @@ class CVI:
 
     def _new_plan(self, traced: _Traced, schedule, inputs, bound=True) -> _Plan:
         # A Gaussian block's prior must not read the data (its arrays other than the
-        # predictors' are not read again): such data are baked instead.
+        # predictors' and a whitening's are not read again): such data are baked instead.
         hidden = {_DATA_PREFIX + k for k in traced.wrapped}
         graph = schedule.graph
         bound = (
             bound
             and bool(traced.wrapped)
             and all(
-                f in graph.factors and not set(graph.factors[f].params) & hidden
+                block.whitened_own_prior
+                or all(
+                    f in graph.factors and not set(graph.factors[f].params) & hidden
+                    for f in block.prior_factors
+                )
                 for block in schedule.blocks.values()
-                for f in block.prior_factors
             )
         )
         plan = _Plan(
@@ -575,7 +583,10 @@ def _compile(plan: _Plan, what):
         def block_arrays(inputs):
             with _Bound(schedule, inputs):
                 values = _block_values(schedule)
-                read = {n: b.data_arrays(values) for n, b in schedule.blocks.items()}
+                read = {
+                    n: b.data_arrays(values, _whitening(schedule, n, values))
+                    for n, b in schedule.blocks.items()
+                }
             ok = jnp.all(jnp.stack([r[1] for r in read.values()]))
             return {n: r[0] for n, r in read.items()}, ok
 
@@ -659,19 +670,34 @@ class _Bound:
         if self.blocks is not None:
             # In place: the engine's functions hold this dict.
             values = _block_values(schedule)
+            self.saved_nodes = dict(schedule.nodes)
             for name, arrays in self.blocks.items():
-                schedule.blocks[name] = schedule.blocks[name].with_data(values, arrays)
+                block = schedule.blocks[name].with_data(values, arrays)
+                schedule.blocks[name] = block
+                schedule.nodes[name] = replace(schedule.nodes[name], layout=block.layout)
 
     def __exit__(self, *exc):
         self.schedule.params.update(self.saved)
         self.schedule.step_size, self.schedule.block_step_size = self.saved_steps
         self.schedule.blocks.update(self.saved_blocks)
+        if self.blocks is not None:
+            self.schedule.nodes.update(self.saved_nodes)
         return False
 
 
 def _block_values(schedule) -> dict:
     """What a Gaussian block's factors read (as when it was found: ``find_block``)."""
     return {**schedule.graph.example_values, **schedule.params}
+
+
+def _whitening(schedule, name, values):
+    """``(loc, scale_tril)`` of a whitened block's own prior at ``values``, or None."""
+    block = schedule.blocks[name]
+    if not block.whitened_own_prior:
+        return None
+    prior, _ = schedule.graph.site_fn(name)(values)
+    base = unwrap_distribution(prior)
+    return jnp.broadcast_to(base.loc, base.event_shape), base.scale_tril
 
 
 def _run_state(state, plan, inputs) -> CVIRunState:
@@ -693,7 +719,7 @@ def _with_data_params(model, names):
     def wrapped(*args, **kwargs):
         for k in names:
             if k in kwargs:
-                kwargs[k] = numpyro.param(_DATA_PREFIX + k, kwargs[k])
+                kwargs[k] = numpyro.param(_DATA_PREFIX + k, kwargs[k], autocvi_data=True)
         return model(*args, **kwargs)
 
     # trace() checks the data against the model's own signature and names it in errors.

@@ -124,6 +124,10 @@ class ParamNode:
     shape: tuple[int, ...]
     constraint: str
     support: Any = field(default=None, compare=False, repr=False)
+    # The param carries the model's data (``numpyro.param(name, value,
+    # autocvi_data=True)``, as ``autocvi.CVI`` passes array arguments): a constant of
+    # the priors that read it, whatever its value.
+    data: bool = False
 
 
 @dataclass(frozen=True)

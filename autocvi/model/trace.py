@@ -230,6 +230,7 @@ def trace_model(
                 shape=tuple(jnp.shape(site["value"])),
                 constraint=support_name(support),
                 support=support,
+                data=bool(site["kwargs"].get("autocvi_data", False)),
             )
             example[name] = site["value"]
     plate_values = {
