@@ -315,7 +315,7 @@ class CVI:
     def get_params(self, state: CVIRunState) -> dict:
         """The model's ``numpyro.param`` values: the learned ones at ``state``, the
         fixed ones as traced."""
-        params = {**self.get_schedule(state).params, **state.state.params}
+        params = {**self._plan_of(state).schedule.params, **state.state.params}
         return {k: v for k, v in params.items() if not k.startswith(_DATA_PREFIX)}
 
     def get_posterior(self, state: CVIRunState) -> dict:
@@ -352,7 +352,12 @@ class CVI:
         schedule = self._plan_of(state).schedule
         if state.inputs is None:
             return schedule
-        bound = replace(schedule, params=dict(schedule.params), blocks=dict(schedule.blocks))
+        bound = replace(
+            schedule,
+            params=dict(schedule.params),
+            blocks=dict(schedule.blocks),
+            nodes=dict(schedule.nodes),
+        )
         _Bound(bound, state.inputs).__enter__()  # applied for good, to the copy
         return bound
 
