@@ -160,6 +160,7 @@ ZOO = [
     "lda",
     "hierarchical_poisson_cancer",
     "gamma_poisson_hierarchy",
+    "conjugate_hierarchy",
     "ar2_sunspots",
     "gp_classification_ionosphere",
     "gp_whitened_amplitude",

@@ -592,6 +592,25 @@ def gamma_poisson_hierarchy():
     return model, {"g": g, "exposure": exposure, "y": y}
 
 
+def conjugate_hierarchy():
+    """Random group means with Gamma precisions (issue 14's conjugate hierarchy): 10 groups
+    of 22 observations, simulated (seed 3)."""
+
+    def model(g, y=None):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+        prec_theta = numpyro.sample("prec_theta", dist.Gamma(1.0, 1.0))
+        prec_y = numpyro.sample("prec_y", dist.Gamma(1.0, 1.0))
+        with numpyro.plate("groups", 10):
+            theta = numpyro.sample("theta", dist.Normal(mu, 1.0 / jnp.sqrt(prec_theta)))
+        with numpyro.plate("N", g.shape[0]):
+            numpyro.sample("y", dist.Normal(theta[g], 1.0 / jnp.sqrt(prec_y)), obs=y)
+
+    g = np.repeat(np.arange(10), 22)
+    rs = np.random.RandomState(3)
+    y = 2.0 + rs.normal(size=10)[g] + rs.normal(0.0, 1.5, size=g.size)
+    return model, {"g": g, "y": y}
+
+
 def china_smoking_meta():
     """Hierarchical binomial meta-analysis, statsmodels china_smoking: 8 cities'
     2x2 tables (lung cancer x smoking); per city a baseline log-odds and a log odds
@@ -1039,6 +1058,7 @@ MODELS = {
     "fertility_random_slopes": fertility_random_slopes,
     "hierarchical_poisson_cancer": hierarchical_poisson_cancer,
     "gamma_poisson_hierarchy": gamma_poisson_hierarchy,
+    "conjugate_hierarchy": conjugate_hierarchy,
     "china_smoking_meta": china_smoking_meta,
     "ar2_sunspots": ar2_sunspots,
     "stochastic_volatility": stochastic_volatility,
@@ -1087,6 +1107,7 @@ CATEGORY = {
     "fertility_random_slopes": "hierarchical",
     "hierarchical_poisson_cancer": "hierarchical",
     "gamma_poisson_hierarchy": "hierarchical",
+    "conjugate_hierarchy": "hierarchical",
     "china_smoking_meta": "hierarchical",
     "ar2_sunspots": "time-series",
     "stochastic_volatility": "time-series",
