@@ -401,6 +401,14 @@ def test_new_data_that_break_a_blocks_structure_plan_again(monkeypatch):
     q, q_fresh = cvi.get_posterior(second.state)["f"], fresh.posterior["f"]
     np.testing.assert_allclose(q.mean, q_fresh.mean, rtol=1e-5, atol=1e-8)
     np.testing.assert_allclose(q.variance, q_fresh.variance, rtol=1e-5)
+    # a state of the first plan continues on the new one (the block's q becomes the dense
+    # node's natural parameters) and reaches the same posterior
+    resumed = cvi.run(None, 200, idx2, y=y, init_state=first.state)
+    assert resumed.state.plan == second.state.plan
+    q = cvi.get_posterior(resumed.state)["f"]
+    sd = np.sqrt(q_fresh.variance)  # the same fixed point, to the stopping rule's tolerance
+    assert np.all(np.abs(q.mean - q_fresh.mean) <= 0.01 * sd)
+    np.testing.assert_allclose(q.variance, q_fresh.variance, rtol=0.01)
 
 
 def test_a_matrix_valued_member_has_a_mean_and_variance():

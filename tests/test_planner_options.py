@@ -6,6 +6,7 @@ Oracle for ``use_quadrature=False``: the schedule's message kinds (Monte Carlo w
 Gauss-Hermite ones are planned by default), and ``CVI`` and ``fit`` giving the same q.
 """
 
+import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
@@ -54,15 +55,33 @@ def test_use_quadrature_false_reaches_the_planner_through_cvi_and_fit():
     np.testing.assert_allclose(q_cvi.mean, q_fit.mean, rtol=1e-3, atol=1e-4)
 
 
+def indexed_walk(idx, y=None):
+    """Counts on a random walk read through an index array: ``idx = arange`` is the Markov
+    block's structure (each count reads its own state), a permutation is not, so CVI plans
+    again for it (``CVI._replan``)."""
+    f = numpyro.sample("f", dist.GaussianRandomWalk(0.5, num_steps=12))
+    with numpyro.plate("n", 12):
+        numpyro.sample("y", dist.Poisson(jnp.exp(f[idx])), obs=y)
+
+
+def _walk_data(permuted):
+    y = np.random.RandomState(0).poisson(3.0, size=12).astype(np.float32)
+    idx = np.random.RandomState(1).permutation(12) if permuted else np.arange(12)
+    return {"idx": idx, "y": y}
+
+
 def test_options_are_kept_when_cvi_plans_again_for_new_data():
-    """A Gaussian block is planned from the data, so new data re-plan (``CVI._replan``)."""
     cvi = autocvi.CVI(logistic, step_size_decay=0.5)
     first = cvi.init(0, **_data(0))
     state, _ = cvi.update(first, **_data(1))
+    assert state.plan == first.plan  # a block reads new data without planning again
+    cvi = autocvi.CVI(indexed_walk, step_size_decay=0.5)
+    first = cvi.init(0, **_walk_data(False))
+    state, _ = cvi.update(first, **_walk_data(True))
     assert state.plan != first.plan  # planned again
+    assert cvi.get_schedule(first).blocks
     for s in (first, state):
-        schedule = cvi.get_schedule(s)
-        assert schedule.blocks and schedule.step_size_decay == 0.5
+        assert cvi.get_schedule(s).step_size_decay == 0.5
     cvi = autocvi.CVI(logistic, gaussian_blocks=False)
     assert not cvi.get_schedule(cvi.init(0, **_data(0))).blocks
 
@@ -71,13 +90,13 @@ def test_options_are_kept_when_cvi_plans_again_for_new_data():
     "option", [{"precondition": False}, {"integrate_conditionals": False}, {"joint_sites": ()}]
 )
 def test_options_plan_decides_itself_survive_a_re_plan_for_new_data(option):
-    """plan() settles these before build_schedule; CVI's re-plan for new data (a
-    Gaussian block reads its predictors from the data) passed them on to build_schedule,
+    """plan() settles these before build_schedule; CVI's re-plan for new data (here: new
+    data that break a Gaussian block's structure) passed them on to build_schedule,
     which raised a TypeError."""
-    cvi = autocvi.CVI(logistic, **option)
-    cvi.init(0, **_data(0))
-    state = cvi.init(0, **_data(1))  # new values, same shapes: re-planned
-    assert cvi.get_schedule(state).blocks
+    cvi = autocvi.CVI(indexed_walk, **option)
+    first = cvi.init(0, **_walk_data(False))
+    state = cvi.init(0, **_walk_data(True))  # new values, same shapes: re-planned
+    assert state.plan != first.plan
 
 
 @pytest.mark.parametrize(

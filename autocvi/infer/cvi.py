@@ -218,6 +218,7 @@ class CVI:
         data caches afresh (streaming data, or a state from elsewhere).
         """
         plan, inputs = self._prepare(args, kwargs)
+        state = self._adopt(plan, state, inputs)
         sched = plan.schedule
         last = self._last_update
         continues = (
@@ -237,6 +238,7 @@ class CVI:
     def evaluate(self, state: CVIRunState, *args, **kwargs) -> float:
         """The ELBO at ``state`` (no update; a fresh estimate when messages are sampled)."""
         plan, inputs = self._prepare(args, kwargs)
+        state = self._adopt(plan, state, inputs)
         return float(self._step(plan, state, inputs, 0.0, 0.0)[1])
 
     def run(
@@ -255,7 +257,8 @@ class CVI:
             state = self._compiled(plan, "init")(_as_key(rng_key), inputs)
         else:
             # The engine caches what depends on the data: recompute it for these data.
-            state = self._for_data(plan, init_state.state, inputs)
+            adopted = self._adopt(plan, init_state, inputs)
+            state = self._for_data(plan, adopted.state, inputs)
         schedule = plan.schedule
         exact = schedule.deterministic
         subsampled = any(f.subsampled for f in schedule.factors.values())
@@ -362,6 +365,38 @@ class CVI:
         return bound
 
     # ------------------------------------------------------------ plumbing
+    def _adopt(self, plan, state: CVIRunState, inputs) -> CVIRunState:
+        """``state`` for ``plan`` when it belongs to another plan of this object (data
+        baked into a plan changed, or new data broke a Gaussian block's structure): the
+        same q where the two plans hold a node alike; a node that was a block and is not
+        any more gets the block's q as natural parameters; a node that became a block
+        starts from its initial sites. Every cache of the data comes from ``plan``'s
+        own start."""
+        if state.plan == plan.id:
+            return state
+        fresh = self._compiled(plan, "init")(state.state.rng_key, inputs)
+
+        def shapes(tree):
+            return jax.tree_util.tree_map(lambda x: (jnp.shape(x), jnp.result_type(x)), tree)
+
+        old_natural = state.state.natural
+        if shapes(old_natural) == shapes(fresh.natural):
+            engine = state.state  # as before: the same layout of q
+        else:
+            old = self.get_schedule(state)
+            natural = dict(fresh.natural)
+            for name, lam in old_natural.items():
+                if name not in natural:
+                    continue
+                if name in old.blocks and name not in plan.schedule.blocks:
+                    lam = old.blocks[name].natural(lam)
+                if shapes(lam) == shapes(natural[name]):
+                    natural[name] = lam
+            engine = fresh._replace(
+                natural=natural, rng_key=state.state.rng_key, iteration=state.state.iteration
+            )
+        return CVIRunState(engine, plan.id, state.inputs)
+
     def _plan_of(self, state):
         pid = int(np.asarray(state.plan))
         if pid not in self._plans:
