@@ -534,7 +534,8 @@ leading axis is the longest, permuted together), which keeps shapes and supports
 object keeps its trace, plan and compiled programs, its data are inputs of those programs
 (a Gaussian block reads its predictor matrices from them in one compiled program), and `run`
 skips `fit`'s after-fit checks. It retraces only for an argument a latent's prior reads
-(a GP's inputs) or a model that needs concrete data (an `obs_mask`). The second run's loop is
+(except a Gaussian block's own whitened prior: a GP's kernel inputs are read again with its
+predictors) or a model that needs concrete data (an `obs_mask`). The second run's loop is
 still the short compilation's code (docs/compilation.md); "same, loop optimised" times it
 once the loop's program has moved to full optimisation (after refits on other row orders),
 as SVI's compiled loop is.
