@@ -374,6 +374,48 @@ def test_gp_kernel_inputs_are_data_inputs_too(monkeypatch):
         np.testing.assert_allclose(run.elbo[-1], fresh.elbo_final, rtol=1e-8)
 
 
+def missing_response_regression(X, y=None, observed=None):
+    """Missing responses as users impute them: ``obs_mask`` (NumPyro adds the latent
+    ``y_unobserved`` for the masked entries)."""
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("n", X.shape[0]):
+        numpyro.sample("y", dist.Normal(X @ w, 0.5), obs=y, obs_mask=observed)
+
+
+def test_a_new_missing_data_mask_is_an_input_too(monkeypatch):
+    """The mask of ``obs_mask`` is read by the imputed site's prior, but that site is a
+    leaf (drawn from the model, not fitted): new data with other entries missing neither
+    retrace, re-plan nor compile, and q(w) is the closed-form posterior of the rows each
+    data set observes."""
+
+    def data(seed):
+        r = np.random.RandomState(seed)
+        X = r.randn(40, 3)
+        y = X @ r.randn(3) + 0.5 * r.randn(40)
+        observed = np.ones(40, bool)
+        observed[r.choice(40, 10, replace=False)] = False
+        return X, np.where(observed, y, 0.0), observed
+
+    def exact(X, y, observed):  # Bayesian linear regression on the observed rows
+        Xo, yo = X[observed], y[observed]
+        cov = np.linalg.inv(np.eye(3) + Xo.T @ Xo / 0.25)
+        return cov @ Xo.T @ yo / 0.25, cov
+
+    cvi = autocvi.CVI(missing_response_regression)
+    first = cvi.run(jax.random.PRNGKey(0), 100, *data(0))
+    traces, plans = count_traces(monkeypatch), count_plans(monkeypatch)
+    compiled = autocvi.program_cache_info()["misses"]
+    second = cvi.run(jax.random.PRNGKey(0), 100, *data(1))
+    assert traces == [] and plans == [] and second.state.plan == first.state.plan
+    assert autocvi.program_cache_info()["misses"] == compiled
+    monkeypatch.undo()
+    for run, seed in [(first, 0), (second, 1)]:
+        mean, cov = exact(*data(seed))
+        q = cvi.get_posterior(run.state)["w"]
+        np.testing.assert_allclose(q.mean, mean, atol=1e-4 * np.sqrt(np.diag(cov)).min())
+        np.testing.assert_allclose(q.covariance_matrix, cov, rtol=1e-4)
+
+
 def indexed_walk(idx, y=None):
     """Counts on a random walk read through an index array (``f[idx]``)."""
     f = numpyro.sample("f", dist.GaussianRandomWalk(0.5, num_steps=12))

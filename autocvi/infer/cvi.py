@@ -513,10 +513,12 @@ class CVI:
             graph = schedule.user_graph or schedule.graph
             hidden = {_DATA_PREFIX + k for k in names}
             rebound = {n for n, b in schedule.blocks.items() if b.whitened_own_prior}
+            # A leaf (held at its prior conditional, not fitted) is drawn from the model
+            # with the current data: its prior may read them.
             in_priors = {
                 p[len(_DATA_PREFIX) :]
                 for n in graph.latent_names
-                if n not in rebound
+                if n not in rebound and n not in schedule.leaves
                 for p in graph.factors[n].params
                 if p in hidden
             }
