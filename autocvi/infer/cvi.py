@@ -25,11 +25,13 @@ arguments: every array argument (ndim >= 1) enters the trace as a hidden
 ``update`` with new data of the same shapes neither retraces nor recompiles.
 Three cases keep the data fixed in the plan instead ("baked"):
 
-* an argument that a latent site's own prior depends on: the prior decides the
-  layout (whitening, constraints), so new values of it retrace the model; except
+* an argument that a fitted latent site's own prior depends on: the prior decides
+  the layout (whitening, constraints), so new values of it retrace the model; except
   where that latent is a Gaussian block with its own whitened MultivariateNormal
   prior (a GP's kernel built from ``X``, with a likelihood of one predictor per
-  element), whose whitening is read from the new data with its predictors;
+  element), whose whitening is read from the new data with its predictors, and
+  where it is a leaf (``obs_mask``'s ``y_unobserved``: drawn from the model given
+  the rest, not fitted);
 * a Gaussian block's predictor matrices and offsets are read from the data once
   per data (one compiled program, :meth:`GaussianBlock.data_arrays`) and enter
   the compiled functions as inputs too; only when new data break the structure
