@@ -417,7 +417,9 @@ def test_a_new_missing_data_mask_is_an_input_too(monkeypatch):
 
 
 def indexed_walk(idx, y=None):
-    """Counts on a random walk read through an index array (``f[idx]``)."""
+    """Counts on a random walk read through an index array (``f[idx]``): ``idx = arange``
+    is the Markov block's structure (each count reads its own state), a permutation is
+    not, so CVI plans again for it (``CVI._replan``)."""
     f = numpyro.sample("f", dist.GaussianRandomWalk(0.5, num_steps=12))
     with numpyro.plate("n", 12):
         numpyro.sample("y", dist.Poisson(jnp.exp(f[idx])), obs=y)

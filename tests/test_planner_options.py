@@ -6,11 +6,11 @@ Oracle for ``use_quadrature=False``: the schedule's message kinds (Monte Carlo w
 Gauss-Hermite ones are planned by default), and ``CVI`` and ``fit`` giving the same q.
 """
 
-import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
+from test_api import indexed_walk  # counts on a walk read through an index array
 
 import autocvi
 
@@ -53,15 +53,6 @@ def test_use_quadrature_false_reaches_the_planner_through_cvi_and_fit():
     np.testing.assert_allclose(run.elbo, result.elbo[: run.elbo.size], rtol=1e-3)
     q_cvi, q_fit = cvi.get_posterior(run.state)["w"], result.posterior["w"]
     np.testing.assert_allclose(q_cvi.mean, q_fit.mean, rtol=1e-3, atol=1e-4)
-
-
-def indexed_walk(idx, y=None):
-    """Counts on a random walk read through an index array: ``idx = arange`` is the Markov
-    block's structure (each count reads its own state), a permutation is not, so CVI plans
-    again for it (``CVI._replan``)."""
-    f = numpyro.sample("f", dist.GaussianRandomWalk(0.5, num_steps=12))
-    with numpyro.plate("n", 12):
-        numpyro.sample("y", dist.Poisson(jnp.exp(f[idx])), obs=y)
 
 
 def _walk_data(permuted):
