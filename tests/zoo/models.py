@@ -1034,6 +1034,144 @@ def weibull_survival_heart():
     return model, {"age": age, "censored": censored, "t": t}
 
 
+# --------------------------------------------------------------------------
+# From a new-user sweep: textbook models as first written
+
+
+def rats_beta_binomial():
+    """Beta-binomial hierarchy on the rat tumour data (Tarone 1982, as in Gelman et al.,
+    Bayesian Data Analysis, 3rd ed., section 5.3 and Table 5.1): tumours y of n rats in
+    each of 71 historical experiments; theta ~ Beta(phi kappa, (1 - phi) kappa) with
+    phi ~ Uniform(0, 1) and kappa ~ Pareto(1, 1.5) (BDA's prior, p(kappa) ~ kappa^-5/2)."""
+    n = np.array(
+        [20, 20, 20, 20, 20, 20, 20, 19, 19, 19, 19, 18, 18, 17, 20, 20, 20, 20, 19, 19, 18, 18,
+         25, 24, 23, 20, 20, 20, 20, 20, 20, 10, 49, 19, 46, 27, 17, 49, 47, 20, 20, 13, 48, 50,
+         20, 20, 20, 20, 20, 20, 20, 48, 19, 19, 19, 22, 46, 49, 20, 20, 23, 19, 22, 20, 20, 20,
+         52, 46, 47, 24, 14]
+    )  # fmt: skip
+    y = np.array(
+        [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2,
+         2, 2, 1, 5, 2, 5, 3, 2, 7, 7, 3, 3, 2, 9, 10, 4, 4, 4, 4, 4, 4, 4, 10, 4, 4, 4, 5, 11,
+         12, 5, 5, 6, 5, 6, 6, 6, 6, 16, 15, 15, 9, 4]
+    ).astype(float)  # fmt: skip
+
+    def model(n, y=None):
+        phi = numpyro.sample("phi", dist.Uniform(0.0, 1.0))
+        kappa = numpyro.sample("kappa", dist.Pareto(1.0, 1.5))
+        with numpyro.plate("experiments", n.shape[0]):
+            theta = numpyro.sample("theta", dist.Beta(phi * kappa, (1.0 - phi) * kappa))
+            numpyro.sample("y", dist.Binomial(n, theta), obs=y)
+
+    return model, {"n": n, "y": y}
+
+
+def horseshoe_regression():
+    """Sparse linear regression with a horseshoe prior (half-Cauchy global and local
+    scales), simulated: N=100, 10 standard-normal features of which 2 matter
+    (weights 2, -1.5), intercept 0.5, noise sd 1 (seed 0)."""
+    rs = np.random.RandomState(0)
+    X = rs.normal(size=(100, 10))
+    w = np.zeros(10)
+    w[:2] = [2.0, -1.5]
+    y = X @ w + 0.5 + rs.normal(0.0, 1.0, size=100)
+
+    def model(X, y=None):
+        tau = numpyro.sample("tau", dist.HalfCauchy(1.0))
+        with numpyro.plate("features", X.shape[1]):
+            lam = numpyro.sample("lam", dist.HalfCauchy(1.0))
+            beta = numpyro.sample("beta", dist.Normal(0.0, tau * lam))
+        b0 = numpyro.sample("b0", dist.Normal(0.0, 5.0))
+        sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+        with numpyro.plate("n", X.shape[0]):
+            numpyro.sample("y", dist.Normal(b0 + X @ beta, sigma), obs=y)
+
+    return model, {"X": X, "y": y}
+
+
+def zip_counts():
+    """Zero-inflated Poisson regression, simulated: N=200, 2 standard-normal features,
+    log rate 0.5 + 0.4 x1 - 0.3 x2, 30% structural zeros (seed 0)."""
+    rs = np.random.RandomState(0)
+    X = rs.normal(size=(200, 2))
+    lam = np.exp(0.5 + X @ np.array([0.4, -0.3]))
+    y = np.where(rs.uniform(size=200) < 0.3, 0, rs.poisson(lam)).astype(float)
+
+    def model(X, y=None):
+        b0 = numpyro.sample("b0", dist.Normal(0.0, 2.0))
+        with numpyro.plate("features", X.shape[1]):
+            b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+        gate = numpyro.sample("gate", dist.Beta(1.0, 1.0))
+        with numpyro.plate("n", X.shape[0]):
+            numpyro.sample("y", dist.ZeroInflatedPoisson(gate, jnp.exp(b0 + X @ b)), obs=y)
+
+    return model, {"X": X, "y": y}
+
+
+def censored_weibull():
+    """Weibull survival regression with right censoring written by hand with
+    ``numpyro.factor`` (log density for the observed times, log survival
+    -(t / scale)^k for the censored), simulated: N=80, shape 1.5, log scale
+    0.5 + 0.3 x, censoring times Uniform(0.5, 3) (seed 0)."""
+    rs = np.random.RandomState(0)
+    x = rs.normal(size=80)
+    t = rs.weibull(1.5, size=80) * np.exp(0.5 + 0.3 * x)
+    c = rs.uniform(0.5, 3.0, size=80)
+    obs, cens = np.minimum(t, c), t > c
+
+    def model(x, cens, obs):
+        a = numpyro.sample("a", dist.Normal(0.0, 2.0))
+        b = numpyro.sample("b", dist.Normal(0.0, 2.0))
+        k = numpyro.sample("k", dist.Gamma(2.0, 1.0))
+        scale = jnp.exp(a + b * x)
+        with numpyro.plate("n", x.shape[0]):
+            log_lik = jnp.where(cens, -((obs / scale) ** k), dist.Weibull(scale, k).log_prob(obs))
+            numpyro.factor("lik", log_lik)
+
+    return model, {"x": x, "cens": cens, "obs": obs}
+
+
+def random_slopes_lkj():
+    """Correlated random intercepts and slopes, simulated: 10 groups of 15, (a, b) per
+    group ~ MultivariateNormal(mu, diag(sd) L L' diag(sd)) with an LKJCholesky(2, 2)
+    correlation and half-normal scales; noise sd 0.5 (seed 0)."""
+    rs = np.random.RandomState(0)
+    G = 10
+    g = np.repeat(np.arange(G), 15)
+    x = rs.normal(size=g.size)
+    ab = rs.multivariate_normal([1.0, 0.5], [[0.5, 0.2], [0.2, 0.3]], size=G)
+    y = ab[g, 0] + ab[g, 1] * x + rs.normal(0.0, 0.5, size=g.size)
+
+    def model(g, x, G, y=None):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 5.0).expand([2]).to_event(1))
+        sd = numpyro.sample("sd", dist.HalfNormal(1.0).expand([2]).to_event(1))
+        L = numpyro.sample("L", dist.LKJCholesky(2, 2.0))
+        sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+        with numpyro.plate("groups", G):
+            ab = numpyro.sample("ab", dist.MultivariateNormal(mu, scale_tril=sd[:, None] * L))
+        with numpyro.plate("n", x.shape[0]):
+            numpyro.sample("y", dist.Normal(ab[g, 0] + ab[g, 1] * x, sigma), obs=y)
+
+    return model, {"g": g, "x": x, "G": G, "y": y}
+
+
+def binomial_logit_groups():
+    """Hierarchical binomial with logits, simulated: 15 groups of 5-39 trials, group
+    log odds ~ Normal(-0.5, 0.7) (seed 0); a ~ Normal(mu, s), s ~ HalfNormal(1)."""
+    rs = np.random.RandomState(0)
+    n = rs.randint(5, 40, size=15)
+    p = 1.0 / (1.0 + np.exp(-rs.normal(-0.5, 0.7, size=15)))
+    y = rs.binomial(n, p).astype(float)
+
+    def model(n, y=None):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 2.0))
+        s = numpyro.sample("s", dist.HalfNormal(1.0))
+        with numpyro.plate("groups", n.shape[0]):
+            a = numpyro.sample("a", dist.Normal(mu, s))
+            numpyro.sample("y", dist.Binomial(n, logits=a), obs=y)
+
+    return model, {"n": n, "y": y}
+
+
 MODELS = {
     "logistic_plate_intercept": logistic_plate_intercept,
     "poisson_glm": poisson_glm,
@@ -1075,6 +1213,12 @@ MODELS = {
     "bnn_moons": bnn_moons,
     "measurement_error": measurement_error,
     "weibull_survival_heart": weibull_survival_heart,
+    "rats_beta_binomial": rats_beta_binomial,
+    "horseshoe_regression": horseshoe_regression,
+    "zip_counts": zip_counts,
+    "censored_weibull": censored_weibull,
+    "random_slopes_lkj": random_slopes_lkj,
+    "binomial_logit_groups": binomial_logit_groups,
 }
 
 # Models SVI runs instead of the zoo model as written, with no data: f(data) -> model.
@@ -1124,4 +1268,10 @@ CATEGORY = {
     "bnn_moons": "nn",
     "measurement_error": "missing-data",
     "weibull_survival_heart": "missing-data",
+    "rats_beta_binomial": "hierarchical",
+    "horseshoe_regression": "regression",
+    "zip_counts": "glm",
+    "censored_weibull": "missing-data",
+    "random_slopes_lkj": "hierarchical",
+    "binomial_logit_groups": "hierarchical",
 }

@@ -86,6 +86,7 @@ def scores(name: str, draws: dict, ref: dict, exclude=(), only_missing=None):
     ``draws``: site -> ``(num_draws, ...)`` from q (canonicalised here like NUTS's).
     ``only_missing``: a boolean mask over a site's flattened elements that keeps the
     entries NUTS stored (``obs_mask`` models store the missing entries only).
+    Entries whose NUTS sd is 0 (constants of the site's support) are left out.
     """
     draws = {k: np.asarray(v, float)[None] for k, v in draws.items()}
     if name in CANONICALISE:
@@ -99,6 +100,9 @@ def scores(name: str, draws: dict, ref: dict, exclude=(), only_missing=None):
         mean, sd = np.asarray(s["mean"], float), np.asarray(s["sd"], float)
         if x.shape[1] != mean.size and only_missing is not None:
             x = x[:, ~np.asarray(only_missing).reshape(-1)]
-        zs.append(np.abs(x.mean(0) - mean) / sd)
-        ratios.append(x.std(0) / sd)
+        # entries NUTS has constant (sd 0: an LKJ Cholesky factor's fixed 1 and 0s) are
+        # not posterior uncertainty: there is nothing to score
+        keep = sd != 0
+        zs.append(np.abs(x.mean(0) - mean)[keep] / sd[keep])
+        ratios.append(x.std(0)[keep] / sd[keep])
     return np.concatenate(zs), np.concatenate(ratios)
