@@ -904,9 +904,15 @@ def elbo_estimator(algorithm, num_estimates: int = 64):
 
 def _for_new_data(state):
     """A resumed state whose Gaussian blocks' cached line-search trials
-    (``CVIState.block_cache``) match no sites: the data may be new."""
-    nan = jax.tree_util.tree_map(lambda x: jnp.full_like(x, jnp.nan), state.block_cache)
-    return state._replace(block_cache=nan)
+    (``CVIState.block_cache``) match no sites (the data may be new) and hold no
+    Anderson history; the step size last accepted is kept (set to NaN with the rest, it
+    made the resumed fit's first step NaN, refused: a run resumed k times lost k steps)."""
+
+    def forget(cache):
+        nan = jax.tree_util.tree_map(lambda x: jnp.full_like(x, jnp.nan), cache)
+        return {**nan, "step": cache["step"], "count": jnp.zeros_like(cache["count"])}
+
+    return state._replace(block_cache={n: forget(c) for n, c in state.block_cache.items()})
 
 
 def _natural(state):
