@@ -313,32 +313,18 @@ class GaussianBlock:
         element n w.r.t. the mean parameters ``(m_n, m_n^2 + v_n)`` of its
         predictor: ``lam2 = dE/dv``, ``lam1 = dE/dm - 2 m dE/dv`` (CVI App. B.1).
         """
-        marginals, _ = self.solve(sites)
-        lam1_old, lam2_old = self._stacked(sites)
-        means, variances = self._split(marginals.mean), self._split(marginals.var)
-        # The expected log likelihood and its gradients in one pass over the nodes (the
-        # value is the ELBO's first term: a separate evaluation cost a fifth of a step).
-        expected, target = 0.0, {}
-        for k, t in enumerate(self.terms):
-            m, v = means[t.factor], variances[t.factor]
-            tkey = None if key is None else jax.random.fold_in(key, k)
-            value, (gm, gv) = jax.value_and_grad(
-                lambda mm, vv, t=t, tkey=tkey: _gh_expectation(t, mm, vv, tkey), argnums=(0, 1)
-            )(m, v)
-            if t.sampled:
-                # A sampled-gradient objective's surrogate (DLM's bMC, uPS) carries its
-                # estimate in the value's derivative, and a non-finite estimate would
-                # make the value NaN; the line search compares the deterministic one.
-                value = _gh_expectation(t, m, v)
-            expected = expected + value
-            lam2 = gv if self.signed_sites else jnp.minimum(gv, 0.0)
+        value, parts = self._moments_and_slopes(sites, key)
+        target = {}
+        for f, (m, _, gm, lam2, _) in parts.items():
             lam1 = gm - 2.0 * lam2 * m
-            old1, old2 = sites[t.factor]
+            old1, old2 = sites[f]
             ok = jnp.isfinite(lam1) & jnp.isfinite(lam2)
-            target[t.factor] = (jnp.where(ok, lam1, old1), jnp.where(ok, lam2, old2))
+            target[f] = (jnp.where(ok, lam1, old1), jnp.where(ok, lam2, old2))
         if any(t.mean_only for t in self.terms):
+            means = {f: part[0] for f, part in parts.items()}
+            variances = {f: part[1] for f, part in parts.items()}
             target = self._mean_newton_targets(target, means, variances)
-        return expected - gs.kl_from_sites(marginals, lam1_old, lam2_old), target
+        return value, target
 
     def update(self, sites, beta, key=None, cache=None):
         """One CVI step on the sites: lam_n <- (1 - beta) lam_n + beta g_n (CVI Alg. 1),
@@ -524,9 +510,8 @@ class GaussianBlock:
         }
         return out, value, jnp.where(accept, b, 0.0), new_cache
 
-    # ------------------------------------------------------------ log-loss DLM
     def _moments_and_slopes(self, sites, key=None, curvature=False):
-        """The block's objective at ``sites``, each term's predictor means and
+        """The block's objective at ``sites`` (the CVI step's and the log-loss DLM step's), each term's predictor means and
         variances, the reward's gradients ``(dr/dm, dr/dv)`` there (a sampling estimate
         where the objective's is; ``key``: its draws) and, with ``curvature``, each
         element's ``c = d^2 r / dm^2`` of the deterministic reward, clipped at 0."""
@@ -541,8 +526,13 @@ class GaussianBlock:
                 lambda mm, vv, t=t, tkey=tkey: _gh_expectation(t, mm, vv, tkey), argnums=(0, 1)
             )(m, v)
             if t.sampled:
+                # A sampled-gradient objective's surrogate (DLM's bMC, uPS) carries its
+                # estimate in the value's derivative, and a non-finite estimate would
+                # make the value NaN; the line search compares the deterministic one.
                 value = _gh_expectation(t, m, v)
             expected = expected + value
+            # The value and the gradients in one pass over the nodes (a separate
+            # evaluation of the value cost a fifth of a step).
             if not self.signed_sites:
                 gv = jnp.minimum(gv, 0.0)
             c = None
@@ -557,6 +547,7 @@ class GaussianBlock:
         value = expected - gs.kl_from_sites(marginals, lam1_old, lam2_old)
         return value, parts
 
+    # ------------------------------------------------------------ log-loss DLM
     def _searched(self, sites, old_elbo, candidate_at, b0):
         """The first of ``candidate_at(b0 / 2^k)``, k = 0..12, whose objective is not
         below ``old_elbo`` (within :meth:`_slack`): ``(sites, value, b)``, or the old
