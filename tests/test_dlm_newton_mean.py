@@ -26,7 +26,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
-import scipy.optimize
+from test_objectives import scipy_optimum  # L-BFGS over (m, V = L L^T)
 
 import autocvi
 
@@ -69,24 +69,6 @@ def objective(Z, y, beta):
     return value
 
 
-def lbfgs_optimum(value, k):
-    def unpack(t):
-        L = jnp.zeros((k, k)).at[jnp.tril_indices(k)].set(t[k:])
-        L = L.at[jnp.diag_indices(k)].set(jnp.exp(jnp.diag(L)))
-        return t[:k], L @ L.T
-
-    value_and_grad = jax.jit(jax.value_and_grad(lambda t: -value(*unpack(t))))
-    res = scipy.optimize.minimize(
-        lambda t: [np.asarray(a, float) for a in value_and_grad(t)],
-        np.zeros(k + k * (k + 1) // 2),
-        jac=True,
-        method="L-BFGS-B",
-        options=dict(gtol=1e-12, ftol=1e-16, maxiter=20000),
-    )
-    m, V = unpack(res.x)
-    return np.asarray(m), np.asarray(V)
-
-
 @pytest.mark.parametrize("beta", [0.01, 0.3])
 def test_one_step_puts_the_mean_at_the_weighted_ridge_solution(beta):
     Z, y = data()
@@ -109,7 +91,7 @@ def test_one_step_puts_the_mean_at_the_weighted_ridge_solution(beta):
 def test_fit_reaches_the_lbfgs_optimum_within_its_iterations(beta, num_steps, tol):
     Z, y = data()
     value = objective(Z, y, beta)
-    m_ref, V_ref = lbfgs_optimum(value, 4)
+    m_ref, V_ref = scipy_optimum(value, 4)
     result = autocvi.fit(
         model,
         {"Z": Z, "y": y},
