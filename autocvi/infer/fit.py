@@ -25,8 +25,18 @@ from ..jaxpr import structural_jit
 from ..model.graph import FactorGraph, _format_table
 from ..model.message_kinds import EXACT
 from ..plan.schedule import Schedule, check_planner_options, plan
-from .convergence import WINDOW, Diagnostics, FitWarning, converged_now, diagnose_schedule, report
+from . import gradient_training
+from .convergence import (
+    WINDOW,
+    Diagnostics,
+    FitWarning,
+    converged_now,
+    diagnose,
+    diagnose_schedule,
+    report,
+)
 from .coupling import mean_field_couplings, warn_mean_field_coupling
+from .gradient_training import GradientState
 from .guide import CVIGuide, joint_posteriors
 from .hyper import EMOptions, EMTrace, ParamSpace, m_step, run_em
 from .importance import check_importance, warn_importance
@@ -62,8 +72,10 @@ class FitResult:
         elbo: ELBO after every iteration, shape ``(num_steps,)``.
         graph: the classified FactorGraph (edges carry message kinds).
         schedule: the message-passing schedule that ran.
-        state: a :class:`~autocvi.engine.CVIState`; pass it back as
-            ``fit(..., init_state=result.state)`` to continue.
+        state: a :class:`~autocvi.engine.CVIState` (a
+            :class:`~autocvi.infer.gradient_training.GradientState` when trained with
+            ``optimizer=``); pass it back as ``fit(..., init_state=result.state)`` to
+            continue.
         converged: the stopping rule was met (:mod:`autocvi.infer.convergence`)
             *and* every health check passed; False whenever the ELBO was ever
             non-finite, a deterministic ELBO decreased, a variance collapsed
@@ -212,6 +224,7 @@ def fit(
     init_strategy=None,
     em: EMOptions | None = None,
     check: bool = True,
+    optimizer=None,
     **planner_options,
 ) -> FitResult:
     """Fit a NumPyro model with conjugate-computation variational inference.
@@ -267,6 +280,16 @@ def fit(
             (``BetaELBO``, ``DLM``) do not aim q at the posterior. Together they cost a compiled Hessian
             of the log joint and 4,000 draws of it (a second or two of a cold fit);
             ``False`` skips them.
+        optimizer: an optax optimiser (``optax.adam(0.01)``) to train q by ordinary
+            gradient steps instead of CVI's natural-gradient steps, on the same
+            objective: each Gaussian latent's mean and Cholesky factor (whitened where
+            the prior is its own MultivariateNormal), the training of the DLM paper and
+            of SVI's AutoMultivariateNormal (:mod:`autocvi.infer.gradient_training`).
+            Runs exactly ``num_steps`` steps (required); ``converged`` says whether the
+            objective's mean over the last tenth of the steps is within ``tol`` (relative)
+            of the tenth before. Gaussian q's only, no learned params, no sampled-gradient
+            DLM (each refused by name); every Gaussian latent is kept as dense natural
+            parameters (``gaussian_blocks=False``). ``init_state=result.state`` resumes it.
         **planner_options: options of the planner
             (:data:`autocvi.PLANNER_OPTIONS`), passed to :func:`autocvi.plan`:
             ``use_quadrature=False`` replaces Gauss-Hermite messages by Monte
@@ -296,6 +319,25 @@ def fit(
         rng_key = 0
     if isinstance(rng_key, int):
         rng_key = jax.random.PRNGKey(rng_key)
+    if optimizer is not None or isinstance(init_state, GradientState):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = _fit_by_gradient(
+                model,
+                data,
+                optimizer,
+                num_steps=num_steps,
+                rng_key=rng_key,
+                tol=tol,
+                init_state=init_state,
+                progress_bar=progress_bar,
+                structure=structure,
+                init_strategy=init_strategy,
+                check=check,
+                **planner_options,
+            )
+        _warn_at_caller(caught)
+        return result
     options = dict(
         num_steps=num_steps,
         step_size=step_size,
@@ -532,19 +574,8 @@ def _fit_once(
         **{k: np.asarray(v) for k, v in schedule.params.items()},
         **{k: np.asarray(v) for k, v in state.params.items()},
     }
-    # q against the posterior only where the posterior is q's target: the beta-ELBO and
-    # DLM aim elsewhere by design (a tempered or loss-calibrated q).
-    if check and schedule.objective.is_elbo:
-        fitted = schedule.fitted_model or model  # without the leaves q does not hold
-        diagnostics.couplings = mean_field_couplings(
-            fitted, data or {}, schedule, posterior, params
-        )
-        warn_mean_field_coupling(diagnostics.couplings)
-        key = jax.random.fold_in(rng_key, _IMPORTANCE_KEY)
-        diagnostics.importance = check_importance(
-            fitted, data or {}, schedule, _guide_of(schedule), state.natural, params, key
-        )
-        warn_importance(diagnostics.importance)
+    if check:
+        _check_q(model, data, schedule, posterior, params, state.natural, rng_key, diagnostics)
     return FitResult(
         posterior=LeafExplainingDict(posterior, schedule.leaves),
         elbo=elbos,
@@ -559,6 +590,141 @@ def _fit_once(
         restart_elbos=np.asarray([r[0] for r in runs]),
         params=params,
         em=trace,
+        _layouts=layouts,
+        _model=model,
+        _data=data,
+    )
+
+
+def _check_q(model, data, schedule, posterior, params, natural, rng_key, diagnostics):
+    """The after-fit checks of q against the posterior (``fit``'s ``check``), into
+    ``diagnostics``, with their warnings. Only where the posterior is q's target: the
+    beta-ELBO and DLM aim elsewhere by design (a tempered or loss-calibrated q)."""
+    if not schedule.objective.is_elbo:
+        return
+    fitted = schedule.fitted_model or model  # without the leaves q does not hold
+    diagnostics.couplings = mean_field_couplings(fitted, data or {}, schedule, posterior, params)
+    warn_mean_field_coupling(diagnostics.couplings)
+    key = jax.random.fold_in(rng_key, _IMPORTANCE_KEY)
+    diagnostics.importance = check_importance(
+        fitted, data or {}, schedule, _guide_of(schedule), natural, params, key
+    )
+    warn_importance(diagnostics.importance)
+
+
+def _fit_by_gradient(
+    model,
+    data,
+    optimizer,
+    *,
+    num_steps,
+    rng_key,
+    tol,
+    init_state,
+    progress_bar,
+    structure,
+    init_strategy,
+    check,
+    **planner_options,
+) -> FitResult:
+    """:func:`fit` with ``optimizer``: q trained by gradient steps on the objective
+    (:mod:`autocvi.infer.gradient_training`)."""
+    if optimizer is None:
+        raise ValueError(
+            "init_state is a gradient-trained fit's state: pass the optimizer it was trained "
+            "with (optimizer=...) to resume it."
+        )
+    if num_steps is None:
+        raise ValueError(
+            "optimizer= runs exactly num_steps steps (it has no stopping rule of its own, as "
+            "SVI has none): pass num_steps."
+        )
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be at least 1, got {num_steps}")
+    if planner_options.get("gaussian_blocks"):
+        raise ValueError(
+            "optimizer= trains each Gaussian latent's mean and Cholesky factor, so it keeps "
+            "them as dense natural parameters: drop gaussian_blocks=True."
+        )
+    if init_state is not None and not isinstance(init_state, GradientState):
+        raise ValueError(
+            "init_state is a CVI fit's state; optimizer= resumes only a state it trained "
+            "(result.state of a fit with optimizer=)."
+        )
+    schedule = plan(
+        model,
+        data,
+        structure=structure,
+        init_strategy=init_strategy,
+        **{**planner_options, "gaussian_blocks": False},
+    )
+    if schedule.learned:
+        raise NotImplementedError(
+            f"optimizer=: the params {', '.join(schedule.learned)} would be learned, and "
+            "gradient training holds q's parameters only: pass learn_params=False (or "
+            "fixed_params=...), or fit without optimizer= (variational EM)."
+        )
+    gradient_training.check_trainable(schedule)
+    exact = schedule.deterministic
+    if tol is None:
+        tol = 1e-6 if exact else 1e-4
+    algorithm = cvi(schedule)
+    base = structural_jit(algorithm.init, runs_once=True)(rng_key)
+    families = {n: node.layout.q_family for n, node in schedule.nodes.items()}
+    state = init_state
+    if state is None:
+        state = structural_jit(
+            lambda natural, key: gradient_training.init(optimizer, families, natural, key),
+            runs_once=True,
+        )(base.natural, jax.random.fold_in(rng_key, 3))
+    runner = gradient_training.chunk_runner(optimizer, families, algorithm.elbo, exact)
+    start = time.perf_counter()
+    state, values = gradient_training.run(runner, state, base, num_steps, progress_bar)
+    at = base._replace(natural=state.natural)
+    elbo_final = float(
+        structural_jit(algorithm.elbo, runs_once=True)(at, jax.random.fold_in(rng_key, 1))
+        if exact
+        else elbo_estimator(algorithm)(at)
+    )
+    wall = time.perf_counter() - start
+    elbos = np.append(values[1:], elbo_final) if exact else values
+    layouts = {n: node.layout for n, node in schedule.nodes.items()}
+    diagnostics = diagnose(
+        elbos, base.natural if init_state is None else None, state.natural, layouts, {}, False, True
+    )
+    report(diagnostics, elbos.size)
+    tenth = max(1, elbos.size // 10)
+    converged = False
+    if tol > 0 and elbos.size >= 2 * tenth:
+        last, before = np.mean(elbos[-tenth:]), np.mean(elbos[-2 * tenth : -tenth])
+        converged = bool(abs(last - before) <= tol * abs(last))
+        if not converged and diagnostics.trustworthy:
+            warnings.warn(
+                f"the objective's mean over the last {tenth} of the optimizer's "
+                f"{elbos.size} steps moved by {last - before:.3g} from the {tenth} before "
+                f"(tol = {tol:g}, relative): the fit is not converged; pass a larger "
+                "num_steps or resume with init_state=result.state.",
+                FitWarning,
+                stacklevel=3,
+            )
+    converged = converged and diagnostics.trustworthy
+    posterior = posterior_of(schedule, state)
+    params = {k: np.asarray(v) for k, v in schedule.params.items()}
+    if check:
+        _check_q(model, data, schedule, posterior, params, state.natural, rng_key, diagnostics)
+    return FitResult(
+        posterior=LeafExplainingDict(posterior, schedule.leaves),
+        elbo=elbos,
+        graph=schedule.graph,
+        schedule=schedule,
+        state=state,
+        converged=converged,
+        num_steps=int(elbos.size),
+        wall_time=wall,
+        diagnostics=diagnostics,
+        elbo_final=elbo_final,
+        restart_elbos=np.asarray([elbo_final]),
+        params=params,
         _layouts=layouts,
         _model=model,
         _data=data,
