@@ -553,7 +553,9 @@ def build_schedule(
             log_density=log_density,
             subsampled=tuple(p for p in fac.plates if p.subsampled),
             linear_predictors=predictors,
-            expected=objective.expected if dlm else expected_log_likelihood,
+            expected=_minibatch_reward(objective.expected, fac.plates)
+            if dlm
+            else expected_log_likelihood,
             reward_reads_mean_only=dlm and objective.reward_reads_mean_only,
             sampled_gradients=dlm and objective.sampled_gradients,
         )
@@ -773,13 +775,30 @@ def _scaled(log_density: Callable, scale: float | None) -> Callable:
     return lambda values: factor * log_density(values)
 
 
+def _minibatch_reward(expected, plates):
+    """A DLM reward for a likelihood in subsampled plates: the log density the factor
+    holds carries numpyro's minibatch scale ``N / B`` (an unbiased estimate of the
+    full-data sum of log densities), but the reward ``log E_q[p(y_n | f_n)]`` is not
+    linear in the log density, so the scale must multiply the reward, not the density:
+    ``(N / B) sum_{n in batch} log E_q[p(y_n | f_n)]`` is the unbiased estimate of the
+    full-data sum (Wei, Sheth & Khardon, *Direct Loss Minimization for Sparse Gaussian
+    Processes*, Sec. 4: the objective is a sum over data, so minibatches estimate it)."""
+    scale = math.prod(p.size / p.subsample_size for p in plates if p.subsampled)
+    if scale == 1:
+        return expected
+
+    def reward(rest, mean, var, key=None):
+        return scale * expected(lambda f: rest(f) / scale, mean, var, key)
+
+    return reward
+
+
 def _check_dlm(fac, objective, layouts: dict, predictors: dict):
     """A DLM objective needs each likelihood to read one Gaussian latent through a
     scalar linear predictor per observation (the reward ``log E_q[p(y_n | f_n)]`` is
     integrated over that predictor); anything else is refused by name."""
     gaussian = [n for n in fac.latents if layouts[n].q_family in ("Normal", "MultivariateNormal")]
     other = [n for n in fac.latents if n not in gaussian]
-    subsampled = [p.name for p in fac.plates if p.subsampled]
     if objective.reward_reads_mean_only and fac.distribution != "Normal":
         raise NotImplementedError(
             f"{objective.describe()}: the likelihood {fac.name!r} is {fac.distribution}; the "
@@ -787,14 +806,9 @@ def _check_dlm(fac, objective, layouts: dict, predictors: dict):
             "paper's regression case), whose mean is the predictor itself. Use "
             "DLM(loss='log') for this likelihood."
         )
-    if len(fac.latents) == 1 and fac.latents[0] in predictors and not subsampled:
+    if len(fac.latents) == 1 and fac.latents[0] in predictors:
         return
-    if subsampled:
-        why = (
-            f"it is inside the subsampled plate {subsampled[0]!r} (the minibatch's N/B scale "
-            "would land inside the log of the expectation; not built yet)"
-        )
-    elif other:
+    if other:
         why = (
             f"it also reads {', '.join(repr(n) for n in other)}, whose q is not Gaussian "
             f"({', '.join(layouts[n].q_family for n in other)})"
