@@ -94,9 +94,9 @@ def q_of(result):
     return np.asarray(q.mean), np.asarray(q.covariance_matrix)
 
 
-def natural_gradient_trace(model, data, objective, p, X, y, max_steps):
-    """autocvi's test NLPD after 1, 2, 3, 5, ... natural-gradient iterations (each mark a
-    fit resumed at the one before), and ``steps(k, n)``: the test NLPD after 1, ..., ``n``
+def natural_gradient_trace(model, data, objective, score, max_steps):
+    """autocvi's ``score(result)`` after 1, 2, 3, 5, ... natural-gradient iterations (each
+    mark a fit resumed at the one before), and ``steps(k, n)``: the score after 1, ..., ``n``
     iterations resumed at mark ``k``."""
 
     def resume(state, n):
@@ -110,7 +110,7 @@ def natural_gradient_trace(model, data, objective, p, X, y, max_steps):
             progress_bar=False,
             learn_params=False,
         )
-        return result.state, scores(p, *q_of(result), X, y)[0]
+        return result.state, score(result)
 
     marks = sorted({int(round(1.4**k)) for k in range(40)} | {max_steps})
     rows, states, done = [], {0: None}, 0
@@ -123,6 +123,50 @@ def natural_gradient_trace(model, data, objective, p, X, y, max_steps):
         return [resume(states[k], j)[1] for j in range(1, n + 1)]
 
     return rows, steps
+
+
+def autocvi_adam_trace(model, data, objective, score, lr, steps, every):
+    """The paper's training by autocvi's own option (``fit(..., optimizer=optax.adam(lr))``:
+    Adam on q(u)'s mean and Cholesky factor, whitened): ``score(result)`` every ``every``
+    steps (each a fit resumed at the one before), and ``hit(target)``: the first step whose
+    score is at most ``target``, refined to single steps (by 10-step runs first)."""
+    optimizer = optax.adam(lr)
+
+    def resume(state, n):
+        result = autocvi.fit(
+            model,
+            data,
+            objective=objective,
+            optimizer=optimizer,
+            num_steps=n,
+            init_state=state,
+            tol=0.0,
+            progress_bar=False,
+            learn_params=False,
+        )
+        return result.state, score(result)
+
+    rows, kept, state = [], {0: None}, None
+    for k in range(1, steps // every + 1):
+        state, value = resume(state, every)
+        kept[k * every] = state
+        rows.append((k * every, value))
+
+    def hit(target):
+        first = next((i for i, (_, v) in enumerate(rows) if v <= target), None)
+        if first is None:
+            return None
+        before = rows[first - 1][0] if first else 0
+        state = kept[before]
+        for j in range(0, every, 10):
+            after, value = resume(state, 10)
+            if value <= target or j + 10 >= every:
+                single = (resume(state, i)[1] for i in range(1, 11))
+                return before + j + next((i + 1 for i, v in enumerate(single) if v <= target), 10)
+            state = after
+        return rows[first][0]
+
+    return rows, hit
 
 
 def first_hit(trace, target, steps):
@@ -246,7 +290,7 @@ def run_dataset(name, quick):
     )
     target = adam[-1][1] + 1e-3
     natural, ng_steps = natural_gradient_trace(
-        fixed, data, autocvi.DLM(beta=beta), p, Xte, yte, 2000
+        fixed, data, autocvi.DLM(beta=beta), lambda r: scores(p, *q_of(r), Xte, yte)[0], 2000
     )
     # both first hits refined to single iterations (Adam is scored every score_every steps,
     # autocvi at marks 1.4x apart)
@@ -285,14 +329,6 @@ def markdown(p):
         "",
         "Settings: " + "; ".join(f"{k}: {v}" for k, v in p["settings"].items()),
         "",
-        "## Ratios: Adam iterations / natural-gradient iterations to Adam's final test NLPD "
-        "(+0.001): "
-        + ", ".join(
-            f"{r['data']} "
-            + (f"{r['iteration_ratio']:.1f}" if r["iteration_ratio"] is not None else "—")
-            for r in p["datasets"]
-        ),
-        "",
         *objective_rows(
             p,
             lambda r: f"{r['data']} (n = {r['n_train']})",
@@ -300,9 +336,21 @@ def markdown(p):
             | {"90% coverage": "{coverage90:.3f}"},
         ),
     ]
-    lines += [
+    return "\n".join(lines + ["", *adam_table(p, "test NLPD")])
+
+
+def adam_table(p, metric: str) -> list[str]:
+    """Per data set: Adam's final ``metric`` and the iterations each training needs to it."""
+    ratios = ", ".join(
+        f"{r['data']} "
+        + (f"{r['iteration_ratio']:.1f}" if r["iteration_ratio"] is not None else "—")
+        for r in p["datasets"]
+    )
+    lines = [
+        f"## Ratios: Adam iterations / natural-gradient iterations to Adam's final {metric} "
+        f"(+0.001): {ratios}",
         "",
-        "| data | DLM beta | Adam's final test NLPD (after its steps) | natural-gradient "
+        f"| data | DLM beta | Adam's final {metric} (after its steps) | natural-gradient "
         "iterations to it | Adam iterations to it | ratio |",
         "|---|---|---|---|---|---|",
     ]
@@ -314,7 +362,7 @@ def markdown(p):
             f"({r['adam_trace'][-1][0]}) | {r['natural_gradient_iterations_to_target']} | "
             f"{r['adam_iterations_to_target']} | {ratio} |"
         )
-    return "\n".join(lines)
+    return lines
 
 
 def objective_rows(p, data_label, scores: dict) -> list[str]:
@@ -332,19 +380,19 @@ def objective_rows(p, data_label, scores: dict) -> list[str]:
     return lines
 
 
-def plot(plt, p):
+def plot(plt, p, metric="test NLPD", adam="Adam DLM (the paper's training)"):
     panels = []
     for r in p["datasets"]:
         ng = np.asarray(r["natural_gradient_trace"], float)
-        adam = np.asarray(r["adam_trace"], float)
+        trace = np.asarray(r["adam_trace"], float)
         panels.append(
             {
                 "lines": [
                     (ng[:, 0], ng[:, 1], "autocvi DLM (natural gradient)", "o-"),
-                    (adam[:, 0], adam[:, 1], "Adam DLM (the paper's training)", "-"),
+                    (trace[:, 0], trace[:, 1], adam, "-"),
                 ],
                 "xlabel": "iterations",
-                "ylabel": "test NLPD",
+                "ylabel": metric,
                 "log": "x",
                 "title": f"{r['data']}, beta = {r['objectives']['DLM, log loss']['beta']:.3g}",
                 "hlines": [(r["adam_final_test_nlpd"], ":")],
