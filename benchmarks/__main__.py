@@ -15,7 +15,7 @@ import time
 # 14's table: writes both), run on request only; the report last (the page from the results).
 BENCHMARKS = """conjugacy_table logistic_regression gp_classification gp_hyperparameters
 gp_regression_em svgp_banana svgp_minibatch svgp_multiclass svgp_uci dlm dlm_nonconjugate
-gaussian_mixture factor_models zoo cold_start report""".split()
+dlm_minibatch gaussian_mixture factor_models zoo cold_start report""".split()
 
 
 def main(argv: list[str] | None = None) -> int:
