@@ -94,10 +94,21 @@ def q_of(result):
     return np.asarray(q.mean), np.asarray(q.covariance_matrix)
 
 
-def natural_gradient_trace(model, data, objective, score, max_steps):
-    """autocvi's ``score(result)`` after 1, 2, 3, 5, ... natural-gradient iterations (each
-    mark a fit resumed at the one before), and ``steps(k, n)``: the score after 1, ..., ``n``
-    iterations resumed at mark ``k``."""
+def adam_record(natural, adam, ng_hit, adam_hit) -> dict:
+    """A data set's record of the natural-gradient against Adam comparison."""
+    return {
+        "adam_final_test_nlpd": adam[-1][1],
+        "natural_gradient_iterations_to_target": ng_hit,
+        "adam_iterations_to_target": adam_hit,
+        "iteration_ratio": (adam_hit / ng_hit) if ng_hit and adam_hit else None,
+        "natural_gradient_trace": natural,
+        "adam_trace": adam,
+    }
+
+
+def resumer(model, data, objective, score, **options):
+    """``resume(state, n) -> (state, score(result))``: ``n`` more iterations of ``fit``
+    (from the start when ``state`` is None), every one run (``tol=0``)."""
 
     def resume(state, n):
         result = autocvi.fit(
@@ -109,8 +120,18 @@ def natural_gradient_trace(model, data, objective, score, max_steps):
             tol=0.0,
             progress_bar=False,
             learn_params=False,
+            **options,
         )
         return result.state, score(result)
+
+    return resume
+
+
+def natural_gradient_trace(model, data, objective, score, max_steps):
+    """autocvi's ``score(result)`` after 1, 2, 3, 5, ... natural-gradient iterations (each
+    mark a fit resumed at the one before), and ``steps(k, n)``: the score after 1, ..., ``n``
+    iterations resumed at mark ``k``."""
+    resume = resumer(model, data, objective, score)
 
     marks = sorted({int(round(1.4**k)) for k in range(40)} | {max_steps})
     rows, states, done = [], {0: None}, 0
@@ -130,21 +151,7 @@ def autocvi_adam_trace(model, data, objective, score, lr, steps, every):
     Adam on q(u)'s mean and Cholesky factor, whitened): ``score(result)`` every ``every``
     steps (each a fit resumed at the one before), and ``hit(target)``: the first step whose
     score is at most ``target``, refined to single steps (by 10-step runs first)."""
-    optimizer = optax.adam(lr)
-
-    def resume(state, n):
-        result = autocvi.fit(
-            model,
-            data,
-            objective=objective,
-            optimizer=optimizer,
-            num_steps=n,
-            init_state=state,
-            tol=0.0,
-            progress_bar=False,
-            learn_params=False,
-        )
-        return result.state, score(result)
+    resume = resumer(model, data, objective, score, optimizer=optax.adam(lr))
 
     rows, kept, state = [], {0: None}, None
     for k in range(1, steps // every + 1):
@@ -303,12 +310,7 @@ def run_dataset(name, quick):
         "em_seconds": em_seconds,
         "params": {k: np.asarray(v).tolist() for k, v in p.items() if k != "Z"},
         "objectives": rows,
-        "adam_final_test_nlpd": adam[-1][1],
-        "natural_gradient_iterations_to_target": ng_hit,
-        "adam_iterations_to_target": adam_hit,
-        "iteration_ratio": (adam_hit / ng_hit) if ng_hit and adam_hit else None,
-        "natural_gradient_trace": natural,
-        "adam_trace": adam,
+        **adam_record(natural, adam, ng_hit, adam_hit),
     }
     print(f"[{name}] {rows}\n  NG to target {ng_hit}, Adam {adam_hit}")
     return record

@@ -95,12 +95,7 @@ def run(quick=False):
                 "data": f"beta = {beta:g}",
                 "n_train": n,
                 "objectives": rows,
-                "adam_final_test_nlpd": adam[-1][1],
-                "natural_gradient_iterations_to_target": ng_hit,
-                "adam_iterations_to_target": adam_hit,
-                "iteration_ratio": (adam_hit / ng_hit) if ng_hit and adam_hit else None,
-                "natural_gradient_trace": natural,
-                "adam_trace": adam,
+                **dlm.adam_record(natural, adam, ng_hit, adam_hit),
             }
         )
     return D.publish("dlm_minibatch", dict(st, quick=quick), markdown, plot, datasets=records)

@@ -545,7 +545,6 @@ def _fit_once(
         # The vmapped restarts' states stay batched until the best one is known.
         state, initial = _restart(restarts.state, best), _restart(restarts.initial, best)
         wall = restarts.wall
-    layouts = {n: node.layout for n, node in schedule.nodes.items()}
     diagnostics = diagnose_schedule(
         schedule, elbos, initial, state.natural, exact, subsampled, steps
     )
@@ -568,12 +567,47 @@ def _fit_once(
             FitWarning,
             stacklevel=2,
         )
-    converged = converged and diagnostics.trustworthy
-    posterior = posterior_of(schedule, state)
     params = {
         **{k: np.asarray(v) for k, v in schedule.params.items()},
         **{k: np.asarray(v) for k, v in state.params.items()},
     }
+    return _finished(
+        model,
+        data,
+        schedule,
+        state,
+        elbos,
+        converged and diagnostics.trustworthy,
+        wall,
+        diagnostics,
+        elbo_final,
+        np.asarray([r[0] for r in runs]),
+        params,
+        trace,
+        rng_key,
+        check,
+    )
+
+
+def _finished(
+    model,
+    data,
+    schedule,
+    state,
+    elbos,
+    converged,
+    wall,
+    diagnostics,
+    elbo_final,
+    restart_elbos,
+    params,
+    em,
+    rng_key,
+    check,
+) -> FitResult:
+    """The :class:`FitResult` of a finished run: q per site, and the after-fit checks of
+    q (``check``) into ``diagnostics``."""
+    posterior = posterior_of(schedule, state)
     if check:
         _check_q(model, data, schedule, posterior, params, state.natural, rng_key, diagnostics)
     return FitResult(
@@ -587,10 +621,10 @@ def _fit_once(
         wall_time=wall,
         diagnostics=diagnostics,
         elbo_final=elbo_final,
-        restart_elbos=np.asarray([r[0] for r in runs]),
+        restart_elbos=restart_elbos,
         params=params,
-        em=trace,
-        _layouts=layouts,
+        em=em,
+        _layouts={n: node.layout for n, node in schedule.nodes.items()},
         _model=model,
         _data=data,
     )
@@ -707,27 +741,22 @@ def _fit_by_gradient(
                 FitWarning,
                 stacklevel=3,
             )
-    converged = converged and diagnostics.trustworthy
-    posterior = posterior_of(schedule, state)
     params = {k: np.asarray(v) for k, v in schedule.params.items()}
-    if check:
-        _check_q(model, data, schedule, posterior, params, state.natural, rng_key, diagnostics)
-    return FitResult(
-        posterior=LeafExplainingDict(posterior, schedule.leaves),
-        elbo=elbos,
-        graph=schedule.graph,
-        schedule=schedule,
-        state=state,
-        converged=converged,
-        num_steps=int(elbos.size),
-        wall_time=wall,
-        diagnostics=diagnostics,
-        elbo_final=elbo_final,
-        restart_elbos=np.asarray([elbo_final]),
-        params=params,
-        _layouts=layouts,
-        _model=model,
-        _data=data,
+    return _finished(
+        model,
+        data,
+        schedule,
+        state,
+        elbos,
+        converged and diagnostics.trustworthy,
+        wall,
+        diagnostics,
+        elbo_final,
+        np.asarray([elbo_final]),
+        params,
+        None,
+        rng_key,
+        check,
     )
 
 
