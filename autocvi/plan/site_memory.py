@@ -91,9 +91,9 @@ def find_site_memory(schedule, example: dict) -> tuple:
             if fplan.expected is not expected_log_likelihood:
                 # A DLM reward: its CVI step overshoots in the mean (its curvature is not
                 # the site's precision; GaussianBlock._alternating_update), and the memory's
-                # constant step has no line search to cut it: a probit GLM, B = N / 4,
-                # diverged at step sizes 0.5 and 0.01. The N/B-scaled minibatch messages'
-                # decaying steps converge (to 0.04 posterior sd of the full-batch fit).
+                # constant step has no line search to cut it: a logistic GLM, B = N / 4,
+                # diverged at step sizes 0.5 and 0.01. N/B-scaled minibatch messages with
+                # decaying steps and a Newton step on the mean (engine.step) converge.
                 continue
             (plate,) = fplan.subsampled
             lp = fplan.linear_predictors[name]
