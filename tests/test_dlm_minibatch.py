@@ -59,6 +59,10 @@ def dlm_optimum(X, y):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_minibatched_dlm_reaches_the_full_data_optimum(seed):
+    """With the memory of per-point gradients (the default): SAGA's estimate vanishes at
+    the full-data optimum, so the fit stops there (measured: 0.001 sd in the means, the sds
+    to 0.1%, in 93-94 iterations); without it the fit stopped 0.15 sd away saying it had
+    converged."""
     X, y = data()
     mean, cov = dlm_optimum(X, y)
     sd = np.sqrt(np.diag(cov))
@@ -71,20 +75,42 @@ def test_minibatched_dlm_reaches_the_full_data_optimum(seed):
         progress_bar=False,
     )
     assert result.converged
-    got = np.append(np.asarray(result.posterior["w"].mean), result.posterior["b"].mean)
-    got_sd = np.sqrt(
-        np.append(np.asarray(result.posterior["w"].variance), result.posterior["b"].variance)
+    got, got_sd = moments(result)
+    assert np.max(np.abs(got - mean) / sd) < 0.02
+    np.testing.assert_allclose(got_sd, sd, rtol=0.01)
+    # the plan says the minibatch's gradients are held in memory
+    text = str(result.schedule)
+    assert "data[100/400]" in text and "one gradient and curvature per element" in text
+
+
+def test_minibatched_dlm_without_memory_lands_near_the_optimum():
+    """``site_memory=False``: N/B-scaled minibatch gradients with decaying steps. The
+    stopping rule stops once q's means move less than 0.25 sd and its sds less than 5% per
+    20-iteration chunk, which the decayed steps reach before the optimum: the means stop
+    within 0.15 sd and the sds 3-9% short (measured at 153-173 iterations), never wide."""
+    X, y = data()
+    mean, cov = dlm_optimum(X, y)
+    sd = np.sqrt(np.diag(cov))
+    result = autocvi.fit(
+        logistic_regression,
+        {"X": X, "y": y, "batch": 100},
+        objective=autocvi.DLM(BETA),
+        num_steps=3000,
+        site_memory=False,
+        progress_bar=False,
     )
-    # The minibatch stopping rule stops once q's means move less than 0.25 sd and its sds
-    # less than 5% per 20-iteration chunk; the damped precision step settles slowly, so
-    # the sds stop 3-9% short (measured at 153-173 iterations).
+    assert result.converged
+    got, got_sd = moments(result)
     assert np.max(np.abs(got - mean) / sd) < 0.15
     np.testing.assert_allclose(got_sd, sd, rtol=0.12)
     assert np.all(got_sd < sd * 1.02)  # short, never wide: the sds grow towards the optimum
-    # the plan says the minibatch's messages are scaled (no site memory for a DLM reward)
-    text = str(
-        autocvi.plan(
-            logistic_regression, {"X": X, "y": y, "batch": 100}, objective=autocvi.DLM(BETA)
-        )
+    assert "held in memory" not in str(result.schedule)
+
+
+def moments(result):
+    """q's means and sds of (w, b)."""
+    q = result.posterior
+    return (
+        np.append(np.asarray(q["w"].mean), q["b"].mean),
+        np.sqrt(np.append(np.asarray(q["w"].variance), q["b"].variance)),
     )
-    assert "data[100/400]" in text and "held in memory" not in text

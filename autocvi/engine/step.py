@@ -450,7 +450,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
 
     # Whole-site Gaussian nodes without a line search (minibatched) that receive log-loss
     # DLM rewards: their step is Newton's on q's mean (_newton_mean_update), with the
-    # factors whose curvature it needs.
+    # factors whose curvature it needs (a site memory of gradients keeps it per element).
     newton_nodes = {
         i: tuple(f for f, kind in node.incoming if _is_log_loss(factors[f], i))
         for i, node in nodes.items()
@@ -460,7 +460,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         and node.layout.q_family == "MultivariateNormal"
         and node.layout.plate_ndim == 0
     }
-    newton_nodes = {i: fs for i, fs in newton_nodes.items() if fs and not schedule.memory_of(i)}
+    newton_nodes = {i: fs for i, fs in newton_nodes.items() if fs}
 
     def safeguarded_update(i, lam, message, beta, key, fixed):
         """The damped step, halved while it lowers the node's ELBO terms: ``(lam_i, b, k)``.
@@ -556,6 +556,9 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             seen = jnp.zeros((mem.plate.size,), bool)
             total = jax.tree_util.tree_map(jnp.zeros_like, natural[mem.node])
             out[f"{mem.factor}->{mem.node}"] = (c1, c2, seen, total)
+            if mem.gradients:  # and each element's curvature, and their sum
+                curvature = jnp.zeros_like(total[1])
+                out[f"{mem.factor}->{mem.node}"] += (jnp.zeros_like(c1), curvature)
         return out
 
     def held_sites(state: CVIState) -> dict:
@@ -657,23 +660,24 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                     g, sites[key_] = _MEMORY_MESSAGES[memory[fname].kind](
                         factors[fname], layouts[i], i, lam[i], sites[key_], memory[fname], fixed
                     )
-                    total = g if total is None else jax.tree_util.tree_map(jnp.add, total, g)
-                    continue
                 else:
                     g = message_fns[kind](factors[fname], i, lam, mus, sub, fixed)
-                # Factors in a subsampled plate are scaled by N/B for the global
-                # nodes (an unbiased estimate, CVI Eq. 14); a local node's own
-                # elements must see them unscaled.
-                scale = _local_message_scale(node, factors[fname])
-                if scale != 1.0:
-                    g = jax.tree_util.tree_map(lambda a, c=scale: a * c, g)
+                    # Factors in a subsampled plate are scaled by N/B for the global
+                    # nodes (an unbiased estimate, CVI Eq. 14); a local node's own
+                    # elements must see them unscaled.
+                    scale = _local_message_scale(node, factors[fname])
+                    if scale != 1.0:
+                        g = jax.tree_util.tree_map(lambda a, c=scale: a * c, g)
                 total = g if total is None else jax.tree_util.tree_map(jnp.add, total, g)
                 if i in newton_nodes:
-                    curvature = curvature + (
-                        _log_loss_curvature(factors[fname], layouts[i], i, lam[i], fixed)
-                        if fname in newton_nodes[i]
-                        else -2.0 * g[1]
-                    )
+                    if fname in memory:
+                        k = _memory_curvature(sites[f"{fname}->{i}"], memory[fname])
+                    elif fname in newton_nodes[i]:
+                        A, k = _log_loss_curvature(factors[fname], layouts[i], i, lam[i], fixed)
+                        k = jnp.einsum("nd,n,ne->de", A, k, A)
+                    else:
+                        k = -2.0 * g[1]
+                    curvature = curvature + k
             beta = schedule.step_size_at(state.iteration, local=node.local, node=i)
             if i in newton_nodes:
                 lam[i], finite = _newton_mean_update(layouts[i].fam, lam[i], total, curvature, beta)
@@ -806,14 +810,25 @@ def _memory_message(fplan: FactorPlan, lay, node: str, lam, memory, plan, fixed)
     while the first pass is not complete (SAG, Schmidt, Le Roux & Bach 2017: the
     stored gradients of all terms, averaged over those seen). A site that is not
     finite (an overflowing link at a far-off q) keeps its old value.
+
+    A memory of gradients (``plan.gradients``, a log-loss DLM reward;
+    autocvi.plan.site_memory) holds each element's ``(dr/dm_n, dr/dv_n)`` in place of
+    ``(c1_n, c2_n)`` and two more entries, each element's curvature ``k_n`` and their
+    sum ``sum_n k_n a_n a_n^T``. Its estimate is SAGA's, ``sum_n g_n + (N/B - 1) sum_batch
+    (g_n(q) - g_n)`` after the batch is stored (the fresh batch scaled by N/B, the plain
+    minibatch estimate, until the first pass is complete), as the message whose
+    gradient in q's mean is the estimate of ``sum_n a_n dr/dm_n``; the curvature is the
+    stored sum's SAG estimate (:func:`_memory_curvature`), positive semi-definite.
     """
-    c1_all, c2_all, seen, total = memory
+    c1_all, c2_all, seen, total = memory[:4]
     idx = fixed[plan.plate.name]
     A, b, mean, var = _predictor_moments(fplan, lay, node, jax.lax.stop_gradient(lam), fixed)
     # The factor's density carries numpyro's N/B scale: the memory holds each
     # element's own site.
     scale = plan.plate.size / plan.plate.subsample_size
     c1, c2 = (c / scale for c in _sites_at(fplan, lay, node, lam, mean, var, fixed))
+    if plan.gradients:  # dr/dm_n (the site's c1 is dr/dm_n - 2 (dr/dv_n) m_n)
+        c1, b = c1 + 2.0 * c2 * mean, jnp.zeros_like(b)
     ok = jnp.isfinite(c1) & jnp.isfinite(c2)
     c1, c2 = jnp.where(ok, c1, c1_all[idx]), jnp.where(ok, c2, c2_all[idx])
     d1, d2 = c1 - c1_all[idx], c2 - c2_all[idx]
@@ -822,7 +837,29 @@ def _memory_message(fplan: FactorPlan, lay, node: str, lam, memory, plan, fixed)
     seen = seen.at[idx].set(seen[idx] | ok)
     count = jnp.maximum(jnp.sum(seen), 1).astype(c1.dtype)
     estimate = jax.tree_util.tree_map(lambda t: t * (plan.plate.size / count), total)
-    return estimate, (c1_all.at[idx].set(c1), c2_all.at[idx].set(c2), seen, total)
+    if plan.gradients:
+        saga = (t + (scale - 1.0) * d for t, d in zip(total, delta))
+        fresh = _message_of_sites(A, b, c1, c2)
+        G, T2 = (jnp.where(jnp.all(seen), x, scale * f) for x, f in zip(saga, fresh))
+        # (G - 2 T2 m, T2): the message whose gradient in the mean at q's mean m is G
+        m = lay.fam.natural_to_mean(jax.lax.stop_gradient(lam))[0]
+        estimate = (G - 2.0 * T2 @ m, T2)
+    updated = (c1_all.at[idx].set(c1), c2_all.at[idx].set(c2), seen, total)
+    if plan.gradients:  # each element's curvature (_log_loss_curvature) and their sum
+        k_all, curvature = memory[4:]
+        k = _log_loss_curvature(fplan, lay, node, lam, fixed)[1] / scale
+        k = jnp.where(ok & jnp.isfinite(k), k, k_all[idx])
+        curvature = curvature + jnp.einsum("nd,n,ne->de", A, k - k_all[idx], A)
+        updated += (k_all.at[idx].set(k), curvature)
+    return estimate, updated
+
+
+def _memory_curvature(memory, plan):
+    """The full-data log-loss curvature estimated by a memory of gradients: the stored
+    curvatures' sum, scaled by N over the elements seen while the first pass lasts."""
+    seen, curvature = memory[2], memory[5]
+    count = jnp.maximum(jnp.sum(seen), 1).astype(curvature.dtype)
+    return curvature * (plan.plate.size / count)
 
 
 def _vector_moments(lp, lay, node: str, m, cov, values):
@@ -1066,7 +1103,7 @@ def _is_log_loss(fplan: FactorPlan, node: str) -> bool:
 
 
 def _log_loss_curvature(fplan: FactorPlan, lay, node: str, lam, fixed):
-    """``sum_n max(-h_n, 0) a_n a_n^T``: minus the reward's Hessian in q's mean, with
+    """``(A, k)``, ``k_n = max(-h_n, 0)``: ``A^T diag(k) A`` is minus the reward's Hessian in q's mean, with
     ``h_n = d^2 r_n / dm_n^2`` of each element's reward at its predictor's moments (exact,
     by autodiff) clipped at 0 (exact for a log-concave likelihood)."""
     A, _, mean, var = _predictor_moments(fplan, lay, node, jax.lax.stop_gradient(lam), fixed)
@@ -1082,7 +1119,7 @@ def _log_loss_curvature(fplan: FactorPlan, lay, node: str, lam, fixed):
         return jax.grad(lambda u: jnp.sum(fplan.expected(flat_rest, u, var + residual)))(mu)
 
     _, h = jax.jvp(slope, (mean,), (jnp.ones_like(mean),))
-    return jnp.einsum("nd,n,ne->de", A, jnp.maximum(-h, 0.0), A)
+    return A, jnp.maximum(-h, 0.0)
 
 
 def _newton_mean_update(fam, old, message, curvature, beta):

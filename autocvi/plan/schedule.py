@@ -166,12 +166,22 @@ class Schedule:
         so Robbins-Monro decay would only slow it down."""
         if node is not None and not local:
             local = self._variance_reduced(node)
+            held = [m for m in self.memory_of(node).values() if m.gradients]
+            if held:
+                # A memory of gradients (DLM rewards; SiteMemory.gradients) is filled by
+                # plain minibatch steps in the first pass, which must decay; from then on
+                # its estimates are variance-reduced (SAGA) and the step is held where
+                # the first pass left it (a constant step reaches the fixed point).
+                first_pass = max(-(-m.plate.size // m.plate.subsample_size) for m in held)
+                iteration = jnp.minimum(iteration, first_pass)
         if local or self.step_size_decay == 0.0:
             return self.step_size
         return self.step_size * (1.0 + iteration) ** (-self.step_size_decay)
 
     def _variance_reduced(self, node: str) -> bool:
         held = self.memory_of(node)
+        if any(m.gradients for m in held.values()):
+            return False  # the first pass decays (step_size_at)
         return bool(held) and all(
             f in held or not self.factors[f].subsampled for f, _ in self.nodes[node].incoming
         )
