@@ -63,21 +63,10 @@ def test_minibatched_dlm_reaches_the_full_data_optimum(seed):
     the full-data optimum, so the fit stops there (measured: 0.001 sd in the means, the sds
     to 0.1%, in 93-94 iterations); without it the fit stopped 0.15 sd away saying it had
     converged."""
-    X, y = data()
-    mean, cov = dlm_optimum(X, y)
-    sd = np.sqrt(np.diag(cov))
-    result = autocvi.fit(
-        logistic_regression,
-        {"X": X, "y": y, "batch": 100},
-        objective=autocvi.DLM(BETA),
-        num_steps=3000,
-        rng_key=seed,
-        progress_bar=False,
-    )
+    result, mean_error, sd_ratio = against_the_optimum(rng_key=seed)
     assert result.converged
-    got, got_sd = moments(result)
-    assert np.max(np.abs(got - mean) / sd) < 0.02
-    np.testing.assert_allclose(got_sd, sd, rtol=0.01)
+    assert mean_error < 0.02
+    np.testing.assert_allclose(sd_ratio, 1.0, rtol=0.01)
     # the plan says the minibatch's gradients are held in memory
     text = str(result.schedule)
     assert "data[100/400]" in text and "one gradient and curvature per element" in text
@@ -88,23 +77,30 @@ def test_minibatched_dlm_without_memory_lands_near_the_optimum():
     stopping rule stops once q's means move less than 0.25 sd and its sds less than 5% per
     20-iteration chunk, which the decayed steps reach before the optimum: the means stop
     within 0.15 sd and the sds 3-9% short (measured at 153-173 iterations), never wide."""
+    result, mean_error, sd_ratio = against_the_optimum(site_memory=False)
+    assert result.converged
+    assert mean_error < 0.15
+    np.testing.assert_allclose(sd_ratio, 1.0, rtol=0.12)
+    assert np.all(sd_ratio < 1.02)  # short, never wide: the sds grow towards the optimum
+    assert "held in memory" not in str(result.schedule)
+
+
+def against_the_optimum(**options):
+    """A minibatched fit and how far it is from the full-data optimum: (result, the means'
+    largest error in the optimum's sds, the sds' ratios to the optimum's)."""
     X, y = data()
     mean, cov = dlm_optimum(X, y)
     sd = np.sqrt(np.diag(cov))
-    result = autocvi.fit(
-        logistic_regression,
-        {"X": X, "y": y, "batch": 100},
-        objective=autocvi.DLM(BETA),
-        num_steps=3000,
-        site_memory=False,
-        progress_bar=False,
-    )
-    assert result.converged
+    result = fit_minibatched(X, y, **options)
     got, got_sd = moments(result)
-    assert np.max(np.abs(got - mean) / sd) < 0.15
-    np.testing.assert_allclose(got_sd, sd, rtol=0.12)
-    assert np.all(got_sd < sd * 1.02)  # short, never wide: the sds grow towards the optimum
-    assert "held in memory" not in str(result.schedule)
+    return result, np.max(np.abs(got - mean) / sd), got_sd / sd
+
+
+def fit_minibatched(X, y, **options):
+    """Log-loss DLM on ``logistic_regression`` with batches of 100."""
+    data = {"X": X, "y": y, "batch": 100}
+    options = {"num_steps": 3000, "progress_bar": False, **options}
+    return autocvi.fit(logistic_regression, data, objective=autocvi.DLM(BETA), **options)
 
 
 def moments(result):

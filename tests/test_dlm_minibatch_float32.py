@@ -4,9 +4,7 @@ has the model, the data and the oracle, which is computed here in float64)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-from test_dlm_minibatch import BETA, data, dlm_optimum, logistic_regression, moments
-
-import autocvi
+from test_dlm_minibatch import data, dlm_optimum, fit_minibatched, moments
 
 
 def test_minibatched_dlm_reaches_the_full_data_optimum_in_float32():
@@ -15,13 +13,7 @@ def test_minibatched_dlm_reaches_the_full_data_optimum_in_float32():
         mean, cov = dlm_optimum(X, y)
     sd = np.sqrt(np.diag(cov))
     X, y = (jnp.asarray(np.asarray(a), jnp.float32) for a in (X, y))
-    result = autocvi.fit(
-        logistic_regression,
-        {"X": X, "y": y, "batch": 100},
-        objective=autocvi.DLM(BETA),
-        num_steps=3000,
-        progress_bar=False,
-    )
+    result = fit_minibatched(X, y)
     got, got_sd = moments(result)
     assert got.dtype == np.float32
     assert result.converged
