@@ -73,7 +73,9 @@ class CVIState(NamedTuple):
     # Per-element sites of the messages in ``Schedule.site_memory``, keyed
     # ``"factor->latent"``: ``(c1, c2, seen, total)``, the sites ``c1_n eta_n + c2_n eta_n^2``
     # of every plate element (as last computed), which elements were visited, and
-    # their message summed over the plate.
+    # their message summed over the plate; a memory of gradients (DLM) holds each
+    # element's gradients in place of its site, and two more entries: each element's
+    # curvature and their sum (_memory_message).
     sites: dict = {}
     # Per subsampled plate, ``(order, cursor)``: a random order of its elements and
     # where the next minibatch starts in it (random reshuffling, see next_batches).
@@ -1103,9 +1105,10 @@ def _is_log_loss(fplan: FactorPlan, node: str) -> bool:
 
 
 def _log_loss_curvature(fplan: FactorPlan, lay, node: str, lam, fixed):
-    """``(A, k)``, ``k_n = max(-h_n, 0)``: ``A^T diag(k) A`` is minus the reward's Hessian in q's mean, with
-    ``h_n = d^2 r_n / dm_n^2`` of each element's reward at its predictor's moments (exact,
-    by autodiff) clipped at 0 (exact for a log-concave likelihood)."""
+    """``(A, k)`` with ``k_n = max(-h_n, 0)``: ``A^T diag(k) A`` is minus the reward's
+    Hessian in q's mean, with ``h_n = d^2 r_n / dm_n^2`` of each element's reward at its
+    predictor's moments (exact, by autodiff) clipped at 0 (exact for a log-concave
+    likelihood)."""
     A, _, mean, var = _predictor_moments(fplan, lay, node, jax.lax.stop_gradient(lam), fixed)
     lp = fplan.linear_predictors[node]
     rest, residual = lp.point_rest(fixed)
