@@ -768,21 +768,27 @@ def _predictor_sites(fplan: FactorPlan, lay, node: str, lam, fixed):
     return _sites_at(fplan, lay, node, lam, mean, var, fixed)
 
 
-def _sites_at(fplan: FactorPlan, lay, node: str, lam, mean, var, fixed):
-    """The sites at the predictor's moments ``mean``, ``var`` (see _predictor_sites)."""
+def _element_rewards(fplan: FactorPlan, lay, node: str, lam, fixed):
+    """``reward(mean, var)``: the factor's summed reward at its predictor's moments (the
+    residual variance of an integrated conditional added)."""
     lp = fplan.linear_predictors[node]
     shape = jnp.shape(lp.eta_fn({**fixed, node: lay.to_site(lay.fam.natural_to_mean(lam)[0])}))
-
     rest, residual = lp.point_rest(fixed)
     residual = jnp.ravel(jnp.broadcast_to(residual, shape))
 
     def flat_rest(e):
         return jnp.ravel(rest(jnp.reshape(e, shape)))
 
-    def expected(mu, v):
-        return jnp.sum(fplan.expected(flat_rest, mu, jnp.maximum(v, 0.0) + residual))
+    def reward(mean, var):
+        return jnp.sum(fplan.expected(flat_rest, mean, var + residual))
 
-    d_mu, d_v = jax.grad(expected, argnums=(0, 1))(mean, var)
+    return reward
+
+
+def _sites_at(fplan: FactorPlan, lay, node: str, lam, mean, var, fixed):
+    """The sites at the predictor's moments ``mean``, ``var`` (see _predictor_sites)."""
+    reward = _element_rewards(fplan, lay, node, lam, fixed)
+    d_mu, d_v = jax.grad(lambda m, v: reward(m, jnp.maximum(v, 0.0)), argnums=(0, 1))(mean, var)
     d_mu, d_v = jax.lax.stop_gradient(d_mu), jax.lax.stop_gradient(d_v)
     return d_mu - 2.0 * d_v * jax.lax.stop_gradient(mean), d_v
 
@@ -849,7 +855,7 @@ def _memory_message(fplan: FactorPlan, lay, node: str, lam, memory, plan, fixed)
     updated = (c1_all.at[idx].set(c1), c2_all.at[idx].set(c2), seen, total)
     if plan.gradients:  # each element's curvature (_log_loss_curvature) and their sum
         k_all, curvature = memory[4:]
-        k = _log_loss_curvature(fplan, lay, node, lam, fixed)[1] / scale
+        k = _curvature_at(fplan, lay, node, lam, mean, var, fixed) / scale
         k = jnp.where(ok & jnp.isfinite(k), k, k_all[idx])
         curvature = curvature + jnp.einsum("nd,n,ne->de", A, k - k_all[idx], A)
         updated += (k_all.at[idx].set(k), curvature)
@@ -1110,19 +1116,18 @@ def _log_loss_curvature(fplan: FactorPlan, lay, node: str, lam, fixed):
     predictor's moments (exact, by autodiff) clipped at 0 (exact for a log-concave
     likelihood)."""
     A, _, mean, var = _predictor_moments(fplan, lay, node, jax.lax.stop_gradient(lam), fixed)
-    lp = fplan.linear_predictors[node]
-    rest, residual = lp.point_rest(fixed)
-    shape = jnp.shape(lp.eta_fn({**fixed, node: lay.to_site(lay.fam.natural_to_mean(lam)[0])}))
-    residual = jnp.ravel(jnp.broadcast_to(residual, shape))
+    return A, _curvature_at(fplan, lay, node, lam, mean, var, fixed)
 
-    def flat_rest(e):
-        return jnp.ravel(rest(jnp.reshape(e, shape)))
+
+def _curvature_at(fplan: FactorPlan, lay, node: str, lam, mean, var, fixed):
+    """``k`` of :func:`_log_loss_curvature` at the predictor's moments ``mean``, ``var``."""
+    reward = _element_rewards(fplan, lay, node, lam, fixed)
 
     def slope(mu):
-        return jax.grad(lambda u: jnp.sum(fplan.expected(flat_rest, u, var + residual)))(mu)
+        return jax.grad(lambda u: reward(u, var))(mu)
 
     _, h = jax.jvp(slope, (mean,), (jnp.ones_like(mean),))
-    return A, jnp.maximum(-h, 0.0)
+    return jnp.maximum(-h, 0.0)
 
 
 def _newton_mean_update(fam, old, message, curvature, beta):
