@@ -584,8 +584,8 @@ class CVI:
         the messages that depend on the data only (constant messages), and no Gaussian
         block's line-search trial (``CVIState.block_cache``: ``update`` may be called
         with new data each time, as in streaming)."""
-        consts, cache = self._compiled(plan, "constants")(inputs, state.params)
-        return state._replace(constant_messages=consts, block_cache=cache)
+        consts, terms, cache = self._compiled(plan, "constants")(inputs, state.params)
+        return state._replace(constant_messages=consts, constant_terms=terms, block_cache=cache)
 
     def _step(self, plan, state, inputs, beta, block_beta, fresh=True):
         engine_state = self._for_data(plan, state.state, inputs) if fresh else state.state
@@ -618,7 +618,7 @@ def _compile(plan: _Plan, what):
         # At the learned params' current values (init reads them from the schedule).
         with _Bound(schedule, {**inputs, **learned}):
             fresh = algorithm.init(jax.random.PRNGKey(0))
-        return fresh.constant_messages, fresh.block_cache
+        return fresh.constant_messages, fresh.constant_terms, fresh.block_cache
 
     if what == "constants":
         return structural_jit(constants)
