@@ -34,6 +34,7 @@ from .convergence import (
     diagnose,
     diagnose_schedule,
     report,
+    still_climbing,
 )
 from .coupling import mean_field_couplings, warn_mean_field_coupling
 from .gradient_training import GradientState
@@ -889,7 +890,7 @@ def run_loop(
         moved = None
         if shift is not None and previous is not None:
             moved = functools.partial(shift, mean, previous)
-        ran = _record_chunk(log, values, done, steps, moved)
+        ran = _record_chunk(log, values, done, steps, moved, _climb_tol(run_chunk))
         previous = mean
         if bar is not None:
             bar.update(ran)
@@ -1061,7 +1062,9 @@ def run_restarts_loop(runner, state, num_steps: int, shift=None, progress_bar=Fa
                 moved = None
                 if shift is not None and previous is not None:
                     moved = functools.partial(_restart_shift, shift, mean, previous, k)
-                ran = _record_chunk(log, values[k], done[k], _restart(steps, k), moved)
+                ran = _record_chunk(
+                    log, values[k], done[k], _restart(steps, k), moved, _climb_tol(runner)
+                )
                 log.finished = log.converged or ran == 0 or len(log.elbos) >= num_steps
                 if bar is not None:
                     bar.update(ran)
@@ -1073,10 +1076,18 @@ def run_restarts_loop(runner, state, num_steps: int, shift=None, progress_bar=Fa
     return state, logs, time.perf_counter() - start
 
 
-def _record_chunk(log, values, done, steps, moved=None) -> int:
+def _climb_tol(runner):
+    """The ``tol`` of a chunk runner's deterministic rule, for the host's check of a slow
+    climb (:func:`autocvi.infer.convergence.still_climbing`); None for other runners."""
+    return getattr(runner, "climb_tol", None)
+
+
+def _record_chunk(log, values, done, steps, moved=None, climb_tol=None) -> int:
     """One run's chunk (the chunk runner's outputs, unbatched) into ``log``; returns the
     iterations it ran. ``moved``: None, or ``() -> how far q's chunk-averaged means moved
-    since the previous chunk`` (:func:`gaussian_shift`), called only when it decides."""
+    since the previous chunk`` (:func:`gaussian_shift`), called only when it decides.
+    ``climb_tol``: a deterministic rule's ``tol``, with which a stop is checked against
+    the last ``LONG_WINDOW`` ELBOs (:func:`autocvi.infer.convergence.still_climbing`)."""
     values, done = np.asarray(values), np.asarray(done)
     # Inactive iterations report NaN; active ones a finite ELBO or -inf.
     ran = int(np.sum(~np.isnan(values)))
@@ -1094,6 +1105,11 @@ def _record_chunk(log, values, done, steps, moved=None) -> int:
         if float(moved()) > MOVE_LIMIT:
             log.converged = False
             log.hold = _CHUNK
+    if log.converged and climb_tol is not None and still_climbing(log.elbos, climb_tol):
+        # Still climbing towards a limit above tol (a creeping deterministic fit): a whole
+        # chunk more before the rule may stop again.
+        log.converged = False
+        log.hold = _CHUNK
     return ran
 
 
@@ -1232,6 +1248,7 @@ def _chunk_runner(step, tol: float, exact: bool, subsampled: bool = False, track
         zero = jnp.zeros((), jnp.int32)
         return scan(state, history, remaining, hold, zero, jnp.zeros((), bool), total)
 
+    run.climb_tol = tol if exact and tol > 0 else None  # the host's check (_record_chunk)
     return run
 
 
@@ -1253,6 +1270,7 @@ def _vmapped_chunk_runner(step, tol: float, exact: bool, subsampled: bool = Fals
         count, done = jnp.zeros_like(remaining), jnp.zeros(remaining.shape, bool)
         return scan(state, history, remaining, hold, count, done, total)
 
+    run.climb_tol = tol if exact and tol > 0 else None
     return run
 
 
