@@ -38,6 +38,7 @@ __all__ = [
     "converged_now",
     "slow_climb",
     "still_climbing",
+    "LONG_WINDOW",
     "Diagnostics",
     "diagnose",
     "diagnose_schedule",

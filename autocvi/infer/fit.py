@@ -27,6 +27,7 @@ from ..model.message_kinds import EXACT
 from ..plan.schedule import Schedule, check_planner_options, plan
 from . import gradient_training
 from .convergence import (
+    LONG_WINDOW,
     WINDOW,
     Diagnostics,
     FitWarning,
@@ -601,10 +602,17 @@ def _fit_once(
             stacklevel=2,
         )
     elif not converged and diagnostics.trustworthy and tol > 0:
+        climbing = ""
+        if exact and still_climbing(elbos.tolist(), tol):
+            n = min(elbos.size, LONG_WINDOW)
+            climbing = (
+                f"; it still rose by {elbos[-1] - elbos[-n]:.3g} over the last {n} "
+                "iterations, slowly: an iteration that creeps towards its optimum"
+            )
         warnings.warn(
             f"the stopping rule was not met in num_steps = {num_steps} iterations (last ELBO "
-            f"{elbos[-1]:.6g}): the fit is not converged; pass a larger num_steps or resume "
-            "with init_state=result.state.",
+            f"{elbos[-1]:.6g}{climbing}): the fit is not converged; pass a larger num_steps "
+            "or resume with init_state=result.state.",
             FitWarning,
             stacklevel=2,
         )
