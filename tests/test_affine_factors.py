@@ -10,7 +10,7 @@ Soundness: the ELBO of a fit with such factors equals the closed-form log eviden
 Bayesian linear regression written with one site per coefficient, each under its own
 prior, and a separate intercept), and a conjugate Normal-Gamma model's VMP fixed point
 ELBO equals the textbook value computed by hand. Completeness: the compiled step of that
-model grows by far fewer equations per extra site than the ~230 it grew by when every
+model grows by far fewer equations per extra site than the 228 it grew by when every
 prior was evaluated in each of the step's three ELBOs.
 """
 
@@ -115,7 +115,8 @@ def _count(jaxpr) -> int:
 def test_the_compiled_step_grows_little_with_prior_sites():
     small, large = _step_equations(2), _step_equations(10)
     per_site = (large - small) / 8
-    # Measured: 228 equations per site with the priors evaluated in every ELBO, 65 now
-    # (the rest is the model's own arithmetic, eta = b + sum_j w_j x_j, and the joint
-    # node's unpacking, in the message's gradient and Hessian).
-    assert per_site < 120, (small, large, per_site)
+    # Measured: 228 equations per site with the priors evaluated in every ELBO, 105 now
+    # (the rest is the model's own arithmetic, eta = b + sum_j w_j x_j, the joint node's
+    # unpacking in the message's gradient and Hessian, and one key split per factor,
+    # kept so that the other factors' random numbers stay what they were).
+    assert per_site < 150, (small, large, per_site)

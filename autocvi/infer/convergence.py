@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..engine.step import collapsed
+
 __all__ = [
     "WINDOW",
     "BURN_IN",
@@ -286,13 +288,7 @@ def diagnose(
         lay = layouts[name]
         if lay.q_family in ("Normal", "MultivariateNormal"):
             mean, second = _compiled(lay.fam.natural_to_mean)(lam)
-            if lay.q_family == "Normal":
-                var = np.asarray(second - mean**2)
-            else:
-                var = np.diagonal(np.asarray(second), axis1=-2, axis2=-1) - np.asarray(mean) ** 2
-            scale = 1.0 + np.abs(np.asarray(mean)) ** 2
-            eps = 1e-10 if np.asarray(mean).dtype == np.float64 else 1e-6
-            if np.any(var <= eps * scale):
+            if collapsed(np.asarray(mean), np.asarray(second), lay.q_family, xp=np):
                 d.collapsed.append(name)
     moved = initial_natural is None
     for name in natural if initial_natural is not None else ():
