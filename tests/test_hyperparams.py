@@ -359,3 +359,41 @@ def test_the_bound_rule_settles_on_shrinking_gains_only():
     # too few rounds to tell, and a bound that fell
     assert not _bound_settled(halving[:3], 1e-5)
     assert not _bound_settled([start, start + 1.0, start + 0.5, start + 0.6], 1e-5)
+
+
+@pytest.mark.parametrize(
+    "precision", [pytest.param("float64", marks=pytest.mark.float64), "float32"]
+)
+def test_lbfgs_carries_its_curvature_pairs_from_one_m_step_to_the_next(precision):
+    """Two M-steps of 20 evaluations with the memory carried end where one L-BFGS run of
+    40 does (the exact minimiser known), and much nearer than two fresh runs."""
+    import optax
+
+    from autocvi.infer.hyper import _MEMORY, _lbfgs
+
+    scales = jnp.logspace(0.0, 3.0, 40)  # condition number 1e3
+    optimum = jnp.linspace(-1.0, 1.0, 40)
+
+    def loss(x):
+        return 0.5 * jnp.sum(scales * (x - optimum) ** 2)
+
+    x0 = jnp.zeros(40)
+    assert x0.dtype == jnp.dtype(precision)
+    empty = optax.scale_by_lbfgs(memory_size=_MEMORY).init(x0)
+    x1, before, after, evaluations, memory = _lbfgs(loss, x0, 20, empty)
+    assert int(evaluations) == 20 and float(before) == pytest.approx(-float(loss(x0)))
+    assert float(after) == pytest.approx(-float(loss(x1)))
+    carried = float(loss(_lbfgs(loss, x1, 20, memory)[0]))
+    fresh = float(loss(_lbfgs(loss, x1, 20, empty)[0]))
+    continuous = float(loss(_lbfgs(loss, x0, 40, empty)[0]))
+    assert carried <= 1.1 * continuous
+    assert carried < 0.5 * fresh
+
+
+def test_em_reports_the_m_steps_evaluations():
+    x, y = motorcycle(n=4)
+    result = autocvi.fit(
+        gp_regression, dict(X=x, y=y), progress_bar=False, em=autocvi.EMOptions(m_steps=30)
+    )
+    assert len(result.em.evaluations) == result.em.rounds
+    assert all(0 < e <= 30 for e in result.em.evaluations)

@@ -289,7 +289,7 @@ class CVI:
 
             state, elbos, converged, _, steps, trace = run_em(
                 e_step,
-                lambda state, key: mstep(state, key, inputs),
+                lambda state, key, memory: mstep(state, key, memory, inputs),
                 lambda state, values: move(state, values, inputs),
                 state,
                 jax.random.fold_in(state.rng_key, 7),
@@ -671,9 +671,9 @@ def _compile(plan: _Plan, what):
         space = ParamSpace(schedule.graph, schedule.learned)
         run = m_step(algorithm, space, schedule.deterministic, what[1])
 
-        def mstep(state, key, inputs):
+        def mstep(state, key, memory, inputs):
             with _Bound(schedule, inputs):
-                return run(state, key)
+                return run(state, key, memory)
 
         return structural_jit(mstep)
     if isinstance(what, tuple) and what[0] == "run":

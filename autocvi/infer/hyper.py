@@ -46,7 +46,15 @@ from jax.flatten_util import ravel_pytree
 from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
 
-__all__ = ["EMOptions", "ParamSpace", "MStepInfo", "EMTrace", "m_step", "run_em"]
+__all__ = [
+    "EMOptions",
+    "ParamSpace",
+    "MStepInfo",
+    "EMTrace",
+    "m_step",
+    "m_step_memory",
+    "run_em",
+]
 
 
 @dataclass(frozen=True)
@@ -129,11 +137,13 @@ class ParamSpace:
 
 
 class MStepInfo(NamedTuple):
-    """One M-step: the bound before and after, and whether the new params were kept."""
+    """One M-step: the bound before and after, whether the new params were kept, and
+    how many times the optimiser evaluated the bound and its gradient."""
 
     before: jax.Array
     after: jax.Array
     accepted: jax.Array
+    evaluations: jax.Array
 
 
 def rounding_slack(dtype) -> float:
@@ -143,15 +153,36 @@ def rounding_slack(dtype) -> float:
     return 1e3 * float(jnp.finfo(dtype).eps)
 
 
+def _optimizer(options: EMOptions, deterministic: bool) -> str:
+    optimizer = options.optimizer or ("lbfgs" if deterministic else "adam")
+    if optimizer not in ("lbfgs", "adam"):
+        raise ValueError(f"EMOptions.optimizer must be 'lbfgs' or 'adam', got {optimizer!r}")
+    return optimizer
+
+
+def m_step_memory(space: ParamSpace, params: dict, deterministic: bool, options: EMOptions):
+    """What one M-step hands the next: L-BFGS's curvature pairs (empty at the start), or
+    nothing (``()``) for Adam, whose Monte Carlo M-steps start afresh each round.
+
+    The M-steps of successive rounds maximise nearly the same bound (the E-step between
+    them moves q a little), and each stops at ``m_steps`` evaluations before it has
+    converged on the bound of a model with many params (an SVGP's inducing inputs): a
+    fresh L-BFGS each round spent its first evaluations relearning the curvature.
+    """
+    if _optimizer(options, deterministic) != "lbfgs":
+        return ()
+    x0, _ = ravel_pytree(space.unconstrain(params))
+    return optax.scale_by_lbfgs(memory_size=_MEMORY).init(x0)
+
+
 def m_step(algorithm, space: ParamSpace, deterministic: bool, options: EMOptions):
-    """The M-step ``(state, rng_key) -> (state, MStepInfo)``, a pure function to jit.
+    """The M-step ``(state, rng_key, memory) -> (state, MStepInfo, memory)``, a pure
+    function to jit (``memory``: :func:`m_step_memory`, then what the last M-step returned).
 
     Maximises ``algorithm.elbo(algorithm.move_params(state, theta), key)``
     over the unconstrained params (t-SVGP Eq. 15: sites held, prior moving).
     """
-    optimizer = options.optimizer or ("lbfgs" if deterministic else "adam")
-    if optimizer not in ("lbfgs", "adam"):
-        raise ValueError(f"EMOptions.optimizer must be 'lbfgs' or 'adam', got {optimizer!r}")
+    optimizer = _optimizer(options, deterministic)
     num = options.m_steps or (100 if optimizer == "lbfgs" else 20)
 
     if options.bound not in ("dual", "standard"):
@@ -162,7 +193,7 @@ def m_step(algorithm, space: ParamSpace, deterministic: bool, options: EMOptions
         values = space.constrain(free)
         return algorithm.elbo(algorithm.move_params(state, values, hold_q, sites), key)
 
-    def run(state, key):
+    def run(state, key, memory):
         # the sites the dual bound holds depend on the state only: once per M-step
         sites = algorithm.held_sites(state)
         free0 = space.unconstrain(state.params)
@@ -174,7 +205,7 @@ def m_step(algorithm, space: ParamSpace, deterministic: bool, options: EMOptions
             def loss(x):
                 return -bound(unravel(x), state, check_key, sites)
 
-            x, before, after = _lbfgs(loss, x0, num)
+            x, before, after, evaluations, learned = _lbfgs(loss, x0, num, memory)
         else:
             opt = optax.adam(options.learning_rate)
             before = bound(free0, state, check_key, sites)
@@ -189,6 +220,7 @@ def m_step(algorithm, space: ParamSpace, deterministic: bool, options: EMOptions
 
             (x, _), _ = jax.lax.scan(body, (x0, opt.init(x0)), jnp.arange(num))
             after = bound(unravel(x), state, check_key, sites)
+            evaluations, learned = jnp.asarray(num), memory
         finite = jnp.isfinite(after) & jnp.all(jnp.isfinite(x))
         if deterministic:
             slack = rounding_slack(before.dtype) * (1.0 + jnp.abs(before))
@@ -197,7 +229,8 @@ def m_step(algorithm, space: ParamSpace, deterministic: bool, options: EMOptions
             ok = finite
         free = unravel(jnp.where(ok, x, x0))
         new = algorithm.move_params(state, space.constrain(free), hold_q, sites)
-        return new, MStepInfo(before, jnp.where(ok, after, before), ok)
+        memory = jax.tree_util.tree_map(lambda n, o: jnp.where(ok, n, o), learned, memory)
+        return new, MStepInfo(before, jnp.where(ok, after, before), ok, evaluations), memory
 
     return run
 
@@ -207,10 +240,11 @@ _ARMIJO = 1e-4
 _MEMORY = 10
 
 
-def _lbfgs(loss, x0, max_iter: int):
-    """Minimise ``loss`` from ``x0`` by L-BFGS with a backtracking line search.
+def _lbfgs(loss, x0, max_iter: int, memory):
+    """Minimise ``loss`` from ``x0`` by L-BFGS with a backtracking line search, its
+    curvature pairs starting from ``memory`` (optax's ``scale_by_lbfgs`` state).
 
-    Returns ``(x, -loss(x0), -loss(x))``. Optax's ``scale_by_lbfgs`` gives the
+    Returns ``(x, -loss(x0), -loss(x), evaluations, memory)``. Optax's ``scale_by_lbfgs`` gives the
     direction; the line search is the loop itself (a rejected point halves the
     step and is evaluated next), so the objective and its gradient appear once
     in the compiled program: optax's ``lbfgs`` with its zoom line search
@@ -231,6 +265,12 @@ def _lbfgs(loss, x0, max_iter: int):
         v, g = value_and_grad(cand)
         good = jnp.isfinite(v) & jnp.all(jnp.isfinite(g))
         accept = good & (first | (v <= val + _ARMIJO * step * jnp.vdot(grad, direction)))
+        # The first evaluation, at x0, with pairs from an earlier M-step: optax would pair
+        # x0 with where that M-step ended (the same point: s = 0, which zeroes its
+        # scaling of the identity); re-enter the last pair instead (a repeated BFGS
+        # update changes nothing), so the first direction uses the memory.
+        resumed = _resumed(opt_state, cand, g)
+        opt_state = jax.tree_util.tree_map(lambda r, o: jnp.where(first, r, o), resumed, opt_state)
         updates, new_state = opt.update(g, opt_state, cand)
         opt_state = jax.tree_util.tree_map(
             lambda n, o: jnp.where(accept, n, o), new_state, opt_state
@@ -260,15 +300,26 @@ def _lbfgs(loss, x0, max_iter: int):
         zero,
         zero,
         jnp.ones((), dtype),
-        opt.init(x0),
+        memory,
         0,
         jnp.zeros((), bool),
         jnp.ones((), bool),
         jnp.asarray(jnp.nan, dtype),
     )
     # The first evaluation is at x0 (a zero direction): it is the value before.
-    x, val, *_, start = jax.lax.while_loop(cond, body, init)
-    return x, -start, -val
+    x, val, _, _, _, memory, k, _, _, start = jax.lax.while_loop(cond, body, init)
+    return x, -start, -val, k, memory
+
+
+def _resumed(memory, x, g):
+    """``memory`` (optax's L-BFGS state) with its last point and gradient set so that the
+    next update at ``(x, g)`` re-enters the last curvature pair (at the start, with no
+    pair, the zero pair optax ignores)."""
+    last = (memory.count - 1) % _MEMORY
+    return memory._replace(
+        params=x - memory.diff_params_memory[last],
+        updates=g - memory.diff_updates_memory[last],
+    )
 
 
 class EMTrace(NamedTuple):
@@ -282,6 +333,8 @@ class EMTrace(NamedTuple):
     starts: tuple = ()
     # The params met their stopping test (before the last E-step).
     settled: bool = False
+    # Per round, the M-step's evaluations of the bound and its gradient.
+    evaluations: tuple = ()
 
     def excuse_boundaries(self, diagnostics, elbo) -> None:
         """Drop the rounding-level decreases at E-step starts from ``diagnostics``."""
@@ -304,7 +357,8 @@ def run_em(e_step, mstep, move, state, rng_key, space, deterministic, options: E
     Args:
         e_step: ``(state, max_steps) -> (state, elbos, converged, seconds, steps)``,
             CVI with the params held (``fit``'s ``run_loop``).
-        mstep: ``(state, key) -> (state, MStepInfo)``, :func:`m_step` compiled.
+        mstep: ``(state, key, memory) -> (state, MStepInfo, memory)``, :func:`m_step`
+            compiled.
         move: ``(state, values) -> state``, the engine's ``move_params`` compiled.
         state: where to start; rng_key: the M-steps' keys.
         space: the learned params' :class:`ParamSpace`.
@@ -323,9 +377,10 @@ def run_em(e_step, mstep, move, state, rng_key, space, deterministic, options: E
         averaging of the params).
     """
     elbos, steps, wall = [], [], 0.0
-    bounds, history, refused, frees = [], [], 0, []
+    bounds, history, refused, frees, evaluations = [], [], 0, [], []
     converged = False
     starts = []
+    memory = m_step_memory(space, state.params, deterministic, options)
     for r in range(options.max_rounds):
         starts.append(sum(e.size for e in elbos))
         state, e_elbos, _, seconds, e_steps = e_step(state, options.e_steps)
@@ -334,8 +389,11 @@ def run_em(e_step, mstep, move, state, rng_key, space, deterministic, options: E
         wall += seconds
         start = time.perf_counter()
         free_old = _flat(space.unconstrain(state.params), space)
-        state, info = mstep(state, jax.random.fold_in(rng_key, r))
+        state, info, memory = mstep(state, jax.random.fold_in(rng_key, r), memory)
+        # the call returns before the program has run (JAX dispatches asynchronously)
+        state, info = jax.block_until_ready((state, info))
         wall += time.perf_counter() - start
+        evaluations.append(int(info.evaluations))
         frees.append(_flat(space.unconstrain(state.params), space))
         bounds.append(float(info.after))
         history.append({n: np.asarray(v) for n, v in state.params.items()})
@@ -358,7 +416,9 @@ def run_em(e_step, mstep, move, state, rng_key, space, deterministic, options: E
     steps.append(e_steps)
     wall += seconds
     settled, converged = converged, converged and e_converged
-    trace = EMTrace(len(frees), np.asarray(bounds), history, refused, tuple(starts), settled)
+    trace = EMTrace(
+        len(frees), np.asarray(bounds), history, refused, tuple(starts), settled, tuple(evaluations)
+    )
     return state, np.concatenate(elbos), converged, wall, _concatenated(steps), trace
 
 
