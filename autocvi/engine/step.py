@@ -121,7 +121,8 @@ class CVIAlgorithm(NamedTuple):
     # ``move_params(state, values, hold_q=False, sites=None) -> state``: learned params
     # set to ``values`` with q's sites held (the dual M-step's q).
     move_params: callable = None
-    # ``held_sites(state)``: the predictor-space sites move_params holds, computed once
+    # ``held_sites(state)``: the predictor-space sites move_params holds (with their
+    # message at the state's params), computed once
     # per M-step and passed to every evaluation of its bound.
     held_sites: callable = None
 
@@ -627,14 +628,16 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         return out
 
     def held_sites(state: CVIState) -> dict:
-        """The sites of every predictor-site message at ``state`` (see move_params)."""
+        """The sites of every predictor-site message at ``state`` and their message at
+        its params, ``(sites, message)`` (see move_params)."""
         fixed = {**params, **state.params}
-        return {
-            (node, fname): _predictor_sites(
-                factors[fname], layouts[node], node, state.natural[node], fixed
-            )
-            for node, fname in predictor_sites
-        }
+        held = {}
+        for node, fname in predictor_sites:
+            lam = state.natural[node]
+            sites = _predictor_sites(factors[fname], layouts[node], node, lam, fixed)
+            message = _site_message(factors[fname], layouts[node], node, lam, sites, fixed)
+            held[(node, fname)] = (sites, message)
+        return held
 
     def move_params(
         state: CVIState, values: dict, hold_q: bool = False, sites: dict | None = None
@@ -670,12 +673,13 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             node = key.split("->", 1)[1]
             delta = jax.tree_util.tree_map(jnp.subtract, message, state.constant_messages[key])
             natural[node] = jax.tree_util.tree_map(jnp.add, natural[node], delta)
-        old_fixed = {**params, **state.params}
         new_fixed = {**params, **values}
         sites = held_sites(state) if sites is None else sites
         for node, fname in predictor_sites:
-            lam_i, held = state.natural[node], sites[(node, fname)]
-            before = _site_message(factors[fname], layouts[node], node, lam_i, held, old_fixed)
+            # the message at the state's params is held with the sites: an M-step
+            # evaluating many params at one state computes it once
+            held, before = sites[(node, fname)]
+            lam_i = state.natural[node]
             after = _site_message(factors[fname], layouts[node], node, lam_i, held, new_fixed)
             delta = jax.tree_util.tree_map(jnp.subtract, after, before)
             natural[node] = jax.tree_util.tree_map(jnp.add, natural[node], delta)
