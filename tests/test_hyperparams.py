@@ -397,3 +397,25 @@ def test_em_reports_the_m_steps_evaluations():
     )
     assert len(result.em.evaluations) == result.em.rounds
     assert all(0 < e <= 30 for e in result.em.evaluations)
+
+
+@pytest.mark.parametrize("start", [0.05, 0.001, -0.3])
+def test_lbfgs_restarts_instead_of_stalling_on_a_non_convex_bound(start):
+    """Near the origin of a tilted double well every coordinate's curvature is negative:
+    the first pairs have s^T y < 0 and gave an L-BFGS direction that was not one of
+    descent, so the backtracking halved the step to nothing and the M-step stopped with
+    the gradient at 0.4-0.7 (EM then called the params settled). It must end at a local
+    minimum: gradient ~0 and positive curvature in every coordinate."""
+    import optax
+
+    from autocvi.infer.hyper import _MEMORY, _lbfgs
+
+    def loss(x):
+        return jnp.sum(0.25 * x**4 - 0.5 * x**2 + 0.1 * jnp.arange(x.size) * x)
+
+    x0 = jnp.full(5, start) + 0.01 * jnp.arange(5)
+    empty = optax.scale_by_lbfgs(memory_size=_MEMORY).init(x0)
+    x, before, after, evaluations, _ = _lbfgs(loss, x0, 60, empty)
+    assert float(after) > float(before)
+    assert float(jnp.max(jnp.abs(jax.grad(loss)(x)))) < 1e-3
+    assert bool(jnp.all(3.0 * x**2 - 1.0 > 0.0))

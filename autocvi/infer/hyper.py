@@ -272,6 +272,18 @@ def _lbfgs(loss, x0, max_iter: int, memory):
         resumed = _resumed(opt_state, cand, g)
         opt_state = jax.tree_util.tree_map(lambda r, o: jnp.where(first, r, o), resumed, opt_state)
         updates, new_state = opt.update(g, opt_state, cand)
+        # Restart from the scaled gradient (memory emptied) when the new pair has no
+        # positive curvature (s^T y <= 0: a backtracking search does not ensure it on a
+        # non-convex bound, and optax keeps such pairs) or the direction is not one of
+        # descent (pairs kept from an earlier M-step's bound can mislead): an M-step
+        # that cannot descend stops, and EM would call the params settled where they stuck.
+        curved = first | (jnp.vdot(cand - x, g - grad) > 0)
+        restart = ~curved | (jnp.vdot(g, updates) <= 0)
+        fresh_updates, fresh_state = opt.update(g, opt.init(cand), cand)
+        updates = jnp.where(restart, fresh_updates, updates)
+        new_state = jax.tree_util.tree_map(
+            lambda f, n: jnp.where(restart, f, n), fresh_state, new_state
+        )
         opt_state = jax.tree_util.tree_map(
             lambda n, o: jnp.where(accept, n, o), new_state, opt_state
         )
