@@ -90,7 +90,8 @@ class FitResult:
         diagnostics: what the health checks found
             (:class:`~autocvi.infer.convergence.Diagnostics`).
         num_steps: iterations run in this call.
-        wall_time: seconds spent in the loop (compilation included).
+        wall_time: seconds spent in the loop (compilation included; with learned params,
+            the E- and M-steps of every EM round).
         params: the model's ``numpyro.param`` values: learned ones (variational
             EM, :mod:`autocvi.infer.hyper`) and fixed ones; pass them to
             ``numpyro.infer.Predictive(..., params=result.params)``.
