@@ -244,13 +244,13 @@ def _lbfgs(loss, x0, max_iter: int, memory):
     """Minimise ``loss`` from ``x0`` by L-BFGS with a backtracking line search, its
     curvature pairs starting from ``memory`` (optax's ``scale_by_lbfgs`` state).
 
-    Returns ``(x, -loss(x0), -loss(x), evaluations, memory)``. Optax's ``scale_by_lbfgs`` gives the
-    direction; the line search is the loop itself (a rejected point halves the
-    step and is evaluated next), so the objective and its gradient appear once
-    in the compiled program: optax's ``lbfgs`` with its zoom line search
-    compiled the objective three times (11 s of a 67-point GP's 14 s M-step).
-    Stops after ``max_iter`` evaluations, when an accepted step changes the
-    loss by no more than 10 ulp, or when the step has been halved to nothing.
+    Returns ``(x, -loss(x0), -loss(x), evaluations, memory)``. Optax's
+    ``scale_by_lbfgs`` gives the direction; the line search is the loop itself (a
+    rejected point halves the step and is evaluated next), so the objective and its
+    gradient appear once in the compiled program: optax's ``lbfgs`` with its zoom line
+    search compiled the objective three times (11 s of a 67-point GP's 14 s M-step).
+    Stops after ``max_iter`` evaluations, when an accepted step changes the loss by
+    no more than 10 ulp, or when the step has been halved to nothing.
     """
     opt = optax.scale_by_lbfgs(memory_size=_MEMORY)
     value_and_grad = jax.value_and_grad(loss)
