@@ -162,12 +162,18 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
     affine_names = {fname for _, fname in affine_factors}
 
     def plate_indices(key):
+        """A minibatch of every subsampled plate for one ELBO estimate: drawn with
+        replacement, O(B). The scaled sum over it is as unbiased as over a draw without
+        replacement (whose variance it exceeds by a factor (N - 1) / (N - B), 1.01 at
+        B = N / 100), and that draw sorted all N elements (47 ms at N = 10^5 on one
+        core): a minibatched SVGP's final ELBO, 64 estimates, took 4.8 s of its 7.8 s
+        warm refit. The step walks through random orders instead (next_batches)."""
         idx = {}
         for f in factors.values():
             for p in f.subsampled:
                 if p.name not in idx:
                     key, sub = jax.random.split(key)
-                    idx[p.name] = jax.random.choice(sub, p.size, (p.subsample_size,), replace=False)
+                    idx[p.name] = jax.random.randint(sub, (p.subsample_size,), 0, p.size)
         return idx
 
     subsampled_plates = {p.name: p for f in factors.values() for p in f.subsampled}
