@@ -336,7 +336,7 @@ def markdown(p):
                 "-" if svi_s is None else f"{svi_s:.1f}",
                 "-" if svi_s is None or ours_s is None else f"{svi_s / ours_s:.2f}",
                 f"{c['seconds']:.1f}" + (" (cold)" if f["fold"] == 0 else " (warm)"),
-                "-" if svi_s is None else f"{svi_s / c['seconds']:.2f}",
+                "-" if svi_s is None or not f["autocvi_reached"] else f"{svi_s / c['seconds']:.2f}",
                 "never" if to_ours[-1] is None else f"{to_ours[-1]:.1f}",
                 f"{c['elbo']:.2f}",
                 f"{max(t[3] for s in f['svi'] for t in s['trace']):.2f}",
