@@ -59,7 +59,14 @@ from ..families import unwrap_distribution
 from ..jaxpr import structural_jit
 from ..plan import schedule as _planner
 from .convergence import diagnose_schedule, report
-from .fit import _WINDOW, _chunk_runner, average_iterates, posterior_of, run_loop
+from .fit import (
+    _WINDOW,
+    _chunk_runner,
+    average_iterates,
+    gaussian_shift,
+    posterior_of,
+    run_loop,
+)
 from .hyper import EMOptions, ParamSpace, m_step, run_em
 
 __all__ = ["CVI", "CVIRunState", "CVIRunResult"]
@@ -266,12 +273,14 @@ class CVI:
         subsampled = any(f.subsampled for f in schedule.factors.values())
         tol = self.tol if self.tol is not None else (1e-6 if exact else 1e-4)
         runner = self._compiled(plan, ("run", float(tol), subsampled))
+        # As fit: q's chunk averages must also have settled (None: nothing to watch).
+        shift = self._compiled(plan, "shift")
         # As fit: a resumed run may legitimately not move (it started at the optimum).
         initial = state.natural if init_state is None else None
         trace = None
         if not schedule.learned:
             carry, elbos, converged, steps = _loop(
-                runner, _Carry(state, inputs), num_steps, progress_bar
+                runner, _Carry(state, inputs), num_steps, progress_bar, shift
             )
             state = carry.cvi_state
         else:
@@ -283,7 +292,7 @@ class CVI:
 
             def e_step(state, max_steps):
                 carry, elbos, converged, steps = _loop(
-                    runner, _Carry(state, inputs), max_steps, progress_bar
+                    runner, _Carry(state, inputs), max_steps, progress_bar, shift
                 )
                 return carry.cvi_state, elbos, converged, 0.0, steps
 
@@ -595,11 +604,9 @@ class CVI:
         )
 
     def _compiled(self, plan: _Plan, what):
-        fn = plan.compiled.get(what)
-        if fn is None:
-            fn = _compile(plan, what)
-            plan.compiled[what] = fn
-        return fn
+        if what not in plan.compiled:
+            plan.compiled[what] = _compile(plan, what)
+        return plan.compiled[what]
 
 
 # ------------------------------------------------------------------ helpers
@@ -684,8 +691,17 @@ def _compile(plan: _Plan, what):
                 new, info = algorithm.step(carry.cvi_state)
             return _Carry(new, carry.inputs), info
 
-        return _chunk_runner(run_step, tol, schedule.deterministic, subsampled)
+        # As fit: with estimated messages the runner averages q over each chunk, for the
+        # check that those averages settled (shift).
+        track = None if schedule.deterministic else _natural_of_carry
+        return _chunk_runner(run_step, tol, schedule.deterministic, subsampled, track)
+    if what == "shift":
+        return None if schedule.deterministic else gaussian_shift(schedule)
     raise ValueError(what)
+
+
+def _natural_of_carry(carry):
+    return carry.cvi_state.natural
 
 
 class _Bound:
@@ -749,10 +765,19 @@ def _run_state(state, plan, inputs) -> CVIRunState:
     return CVIRunState(state, plan.id, inputs if _BLOCKS in inputs else None)
 
 
-def _loop(runner, carry, num_steps, progress_bar):
-    """``fit``'s loop (:func:`autocvi.infer.fit.run_loop`) with a cached chunk runner."""
+def _loop(runner, carry, num_steps, progress_bar, shift=None):
+    """``fit``'s loop (:func:`autocvi.infer.fit.run_loop`) with a cached chunk runner, and
+    ``fit``'s check that q's chunk averages settled (``shift``, :func:`gaussian_shift`)."""
     carry, elbos, converged, _, steps = run_loop(
-        None, carry, num_steps, 0.0, False, progress_bar=progress_bar, runner=runner
+        None,
+        carry,
+        num_steps,
+        0.0,
+        False,
+        progress_bar=progress_bar,
+        runner=runner,
+        shift=shift,
+        origin=None if shift is None else carry.cvi_state.natural,
     )
     return carry, elbos, converged, steps
 

@@ -1,0 +1,152 @@
+"""Steps of minibatched global nodes without site memory (N/B-scaled messages).
+
+Two silent failures of the plain minibatch step, on models as users write them:
+
+* an unsafeguarded step: a linear regression with a separate intercept, a feature
+  plate and a half-normal scale, minibatched (N = 2,000, B = 100), took a Monte Carlo
+  message at its third iteration that threw q 750 posterior sds away and collapsed its
+  variances (rng key 1). The step is now searched on its batch's ELBO like every other
+  estimated step.
+* a stopping rule fooled by decaying steps: with ``step_size_decay=0.9`` a minibatched
+  logistic regression (``site_memory=False``) moved so little per chunk that the rule
+  stopped it after 46 iterations, 0.9 sd short, saying converged.
+
+Oracles: ordinary least squares (the posterior of a regression on 2,000 points under
+weak priors is OLS's estimate and standard errors to a few hundredths of an sd) and the
+MAP of the logistic regression with its Laplace sds (scikit-learn's L2-penalised
+logistic regression with C = 1 is the mode under the N(0, 1) prior).
+"""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from sklearn.linear_model import LogisticRegression
+
+import autocvi
+from autocvi.infer.fit import MOVE_LIMIT, transient_left
+
+N, D, B = 2000, 5, 100
+
+
+def regression(X, y=None, B=None):
+    a = numpyro.sample("a", dist.Normal(0, 2))
+    with numpyro.plate("features", X.shape[1]):
+        b = numpyro.sample("b", dist.Normal(0, 1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    with numpyro.plate("data", X.shape[0], subsample_size=B) as idx:
+        numpyro.sample("y", dist.Normal(a + X[idx] @ b, sigma), obs=y[idx])
+
+
+def regression_data():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(N, D))
+    y = X @ rng.normal(size=D) + 0.5 + 0.7 * rng.normal(size=N)
+    return X, y
+
+
+def least_squares(X, y):
+    """OLS estimates and standard errors of (a, b), and the residual sd."""
+    A = np.column_stack([np.ones(len(y)), X])
+    coef, *_ = np.linalg.lstsq(A, y, rcond=None)
+    resid = y - A @ coef
+    s2 = resid @ resid / (len(y) - A.shape[1])
+    se = np.sqrt(np.diag(s2 * np.linalg.inv(A.T @ A)))
+    return coef, se, np.sqrt(s2)
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_a_minibatched_regression_with_a_half_normal_scale_reaches_least_squares(seed):
+    X, y = regression_data()
+    coef, se, sigma = least_squares(X, y)
+    data = {"X": jnp.asarray(X), "y": jnp.asarray(y), "B": B}
+    result = autocvi.fit(regression, data, rng_key=jax.random.PRNGKey(seed))
+    post = result.posterior
+    mean = np.concatenate([np.atleast_1d(post["a"].mean), np.asarray(post["b"].mean)])
+    sd = np.sqrt(np.concatenate([np.atleast_1d(post["a"].variance), post["b"].variance]))
+    assert result.converged
+    assert np.max(np.abs(mean - coef) / se) < 0.5
+    assert np.all(np.abs(sd / se - 1) < 0.15)
+    # sigma's posterior sd is about sigma / sqrt(2 N)
+    assert abs(float(post["sigma"].mean) - sigma) < 0.5 * sigma / np.sqrt(2 * N)
+
+
+def logistic(X, y=None, B=None):
+    b = numpyro.sample("b", dist.Normal(0, 1).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0], subsample_size=B) as idx:
+        numpyro.sample("y", dist.Bernoulli(logits=X[idx] @ b), obs=y[idx])
+
+
+@pytest.fixture(scope="module")
+def logistic_problem():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(N, D))
+    y = (rng.random(N) < 1 / (1 + np.exp(-(X @ rng.normal(size=D))))).astype(float)
+    mode = LogisticRegression(C=1.0, fit_intercept=False, tol=1e-10).fit(X, y).coef_[0]
+    p = 1 / (1 + np.exp(-(X @ mode)))
+    laplace_sd = np.sqrt(np.diag(np.linalg.inv(X.T @ (X * (p * (1 - p))[:, None]) + np.eye(D))))
+    data = {"X": jnp.asarray(X, jnp.float32), "y": jnp.asarray(y, jnp.float32), "B": B}
+    return data, mode, laplace_sd
+
+
+def _off(posterior, mode, sd):
+    return np.max(np.abs(np.asarray(posterior["b"].mean) - mode) / sd)
+
+
+@pytest.mark.parametrize("decay", [0.9, 1.0])
+def test_fast_decaying_minibatch_steps_are_not_called_converged_short_of_the_optimum(
+    logistic_problem, decay
+):
+    data, mode, sd = logistic_problem
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = autocvi.fit(logistic, data, site_memory=False, step_size_decay=decay)
+        cvi = autocvi.CVI(logistic, site_memory=False, step_size_decay=decay)
+        run = cvi.run(jax.random.PRNGKey(0), 500, data["X"], data["y"], B=B)
+    # Converged means at the optimum (before the fix: 46 iterations, 0.92 sd off) ...
+    assert not result.converged or _off(result.posterior, mode, sd) < 0.3
+    assert not run.converged or _off(cvi.get_posterior(run.state), mode, sd) < 0.3
+    # ... and a fit that is not says so.
+    if not result.converged:
+        assert any("step_size_decay" in str(w.message) for w in caught)
+    if decay == 1.0:
+        # beta_t = 0.5 / (1 + t): 500 iterations leave q ~0.5 sd short; it must say so.
+        assert not result.converged and not run.converged
+
+
+def test_minibatch_steps_that_decay_at_the_default_rate_or_are_held_converge(logistic_problem):
+    """Completeness: the rule still stops fits that reach the optimum."""
+    data, mode, sd = logistic_problem
+    memory = autocvi.fit(logistic, data)  # site memory: constant step
+    assert memory.converged and _off(memory.posterior, mode, sd) < 0.1
+    plain = autocvi.fit(logistic, data, site_memory=False)  # decay 0.6
+    assert plain.converged and _off(plain.posterior, mode, sd) < 0.35
+
+
+class _Distance:
+    nodes = ("x",)
+
+    def __call__(self, a, b):
+        return abs(a - b)
+
+
+def test_the_transient_bound_is_exact_for_a_linear_damped_iteration():
+    """x <- (1 - beta_t) x + beta_t x*: what is left, |x* - x_t|, is P / (1 - P) times how
+    far x moved, for decaying, constant and refused steps."""
+    shift = _Distance()
+    for sizes in (
+        0.5 / (1.0 + np.arange(200)),
+        np.full(30, 0.5),
+        np.r_[np.full(5, 0.3), np.zeros(5), 0.2 / (1.0 + np.arange(50)) ** 0.9],
+    ):
+        x0, target, x = 3.0, -1.5, 3.0
+        for b in sizes:
+            x = (1 - b) * x + b * target
+        left = transient_left(shift, x0, x, {"x": list(sizes)})
+        assert left == pytest.approx(abs(target - x), rel=1e-9)
+    assert transient_left(shift, 0.0, 5.0, {"x": [1.0, 0.3]}) < 1e-9  # a full step
+    assert transient_left(shift, 0.0, 5.0, {"x": [0.5] * 30}) < 1e-6 * MOVE_LIMIT
