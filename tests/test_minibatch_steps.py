@@ -7,6 +7,12 @@ Two silent failures of the plain minibatch step, on models as users write them:
   message at its third iteration that threw q 750 posterior sds away and collapsed its
   variances (rng key 1). The step is now searched on its batch's ELBO like every other
   estimated step.
+* a start chosen blind: the candidates for a joint group's start are scored by the
+  model's log density, which numpyro cannot evaluate with a subsampled plate outside a
+  seed handler, so every score was NaN and the prior median won; a Poisson GLM whose
+  intercept prior is Normal(0, 5) started at -3.7 and its first step went to 41 (every
+  key; loud), a negative-binomial GLM fell into its phi -> 0 optimum 10,000 nats down
+  and said converged (silent). They are now scored on the whole data.
 * a stopping rule fooled by decaying steps: with ``step_size_decay=0.9`` a minibatched
   logistic regression (``site_memory=False``) moved so little per chunk that the rule
   stopped it after 46 iterations, 0.9 sd short, saying converged.
@@ -25,10 +31,12 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
-from sklearn.linear_model import LogisticRegression
+from numpyro.infer.util import log_density
+from sklearn.linear_model import LogisticRegression, PoissonRegressor
 
 import autocvi
 from autocvi.infer.fit import MOVE_LIMIT, transient_left
+from autocvi.model.trace import full_plates
 
 N, D, B = 2000, 5, 100
 
@@ -73,6 +81,84 @@ def test_a_minibatched_regression_with_a_half_normal_scale_reaches_least_squares
     assert np.all(np.abs(sd / se - 1) < 0.15)
     # sigma's posterior sd is about sigma / sqrt(2 N)
     assert abs(float(post["sigma"].mean) - sigma) < 0.5 * sigma / np.sqrt(2 * N)
+
+
+def poisson_glm(X, y=None, B=None):
+    b0 = numpyro.sample("b0", dist.Normal(0, 5))
+    with numpyro.plate("features", X.shape[1]):
+        w = numpyro.sample("w", dist.Normal(0, 1))
+    with numpyro.plate("data", X.shape[0], subsample_size=B) as idx:
+        numpyro.sample("y", dist.Poisson(jnp.exp(b0 + X[idx] @ w)), obs=y[idx])
+
+
+def poisson_data():
+    rng = np.random.default_rng(1)
+    X = 0.5 * rng.normal(size=(N, 4))
+    y = rng.poisson(np.exp(0.3 + X @ np.array([0.5, -0.3, 0.2, 0.0]))).astype(float)
+    return X, y
+
+
+def test_the_full_plates_handler_gives_numpyros_full_data_log_density():
+    X, y = poisson_data()
+    values = {"b0": jnp.asarray(0.2), "w": jnp.asarray([0.4, -0.2, 0.1, 0.05])}
+    full, _ = log_density(poisson_glm, (jnp.asarray(X), jnp.asarray(y)), {}, values)
+    with pytest.raises(ValueError, match="Missing random key"):
+        log_density(poisson_glm, (jnp.asarray(X), jnp.asarray(y), B), {}, values)
+    handled, _ = log_density(
+        full_plates(poisson_glm), (jnp.asarray(X), jnp.asarray(y), B), {}, values
+    )
+    assert float(handled) == pytest.approx(float(full), rel=1e-5)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_minibatched_poisson_glm_with_a_wide_intercept_prior_reaches_the_mle(seed):
+    """Every key failed before (started at the prior median, first step to b0 = 41)."""
+    X, y = poisson_data()
+    mle = PoissonRegressor(alpha=0.0, tol=1e-10, max_iter=1000).fit(X, y)
+    coef = np.r_[mle.intercept_, mle.coef_]
+    A = np.column_stack([np.ones(N), X])
+    rate = np.exp(A @ coef)
+    se = np.sqrt(np.diag(np.linalg.inv(A.T @ (A * rate[:, None]))))
+    data = {"X": jnp.asarray(X), "y": jnp.asarray(y), "B": B}
+    result = autocvi.fit(poisson_glm, data, rng_key=jax.random.PRNGKey(seed))
+    post = result.posterior
+    mean = np.r_[float(post["b0"].mean), np.asarray(post["w"].mean)]
+    sd = np.sqrt(np.r_[float(post["b0"].variance), np.asarray(post["w"].variance)])
+    assert result.converged
+    assert np.max(np.abs(mean - coef) / se) < 0.3
+    assert np.all(np.abs(sd / se - 1) < 0.15)
+
+
+def negative_binomial_glm(X, y=None, B=None):
+    b0 = numpyro.sample("b0", dist.Normal(0, 5))
+    with numpyro.plate("features", X.shape[1]):
+        w = numpyro.sample("w", dist.Normal(0, 1))
+    phi = numpyro.sample("phi", dist.Exponential(1.0))
+    with numpyro.plate("data", X.shape[0], subsample_size=B) as idx:
+        numpyro.sample("y", dist.NegativeBinomial2(jnp.exp(b0 + X[idx] @ w), phi), obs=y[idx])
+
+
+def test_a_minibatched_negative_binomial_glm_does_not_settle_in_its_phi_to_zero_optimum():
+    """rng key 2 started at the prior median (b0 = -3.7), fell to b0 = 16.7, phi = 0.001,
+    and said converged with no warning. Oracle: statsmodels' NB2 maximum likelihood."""
+    from statsmodels.discrete.discrete_model import NegativeBinomial
+
+    rng = np.random.default_rng(6)
+    X = 0.5 * rng.normal(size=(N, 3))
+    mu = np.exp(1.0 + X @ np.array([0.5, -0.3, 0.2]))
+    y = rng.poisson(rng.gamma(3.0, mu / 3.0)).astype(float)
+    mle = NegativeBinomial(y, np.column_stack([np.ones(N), X]), loglike_method="nb2").fit(
+        disp=0, maxiter=200
+    )
+    coef, se = np.asarray(mle.params[:4]), np.asarray(mle.bse[:4])
+    data = {"X": jnp.asarray(X), "y": jnp.asarray(y), "B": B}
+    result = autocvi.fit(negative_binomial_glm, data, rng_key=jax.random.PRNGKey(2))
+    post = result.posterior
+    mean = np.r_[float(post["b0"].mean), np.asarray(post["w"].mean)]
+    assert result.converged
+    assert np.max(np.abs(mean - coef) / se) < 0.5
+    # statsmodels' alpha is 1 / phi
+    assert float(post["phi"].mean) == pytest.approx(1.0 / float(mle.params[4]), rel=0.15)
 
 
 def logistic(X, y=None, B=None):

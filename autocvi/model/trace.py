@@ -29,11 +29,36 @@ from ..jaxpr import has_sub_jaxpr, interpret, structural_jit, used_inputs
 from .coordinates import MEMBER_FLAG, JointCoordinates
 from .graph import FactorGraph, FactorNode, ParamNode, PlateInfo, VariableNode
 
-__all__ = ["trace_model", "prior_candidates", "ModelError", "base_distribution", "support_name"]
+__all__ = [
+    "trace_model",
+    "prior_candidates",
+    "ModelError",
+    "base_distribution",
+    "support_name",
+    "full_plates",
+]
 
 
 class ModelError(ValueError):
     """The model or its data cannot be traced; the message names the site and the fix."""
+
+
+class full_plates(numpyro.primitives.Messenger):  # noqa: N801 - a handler, as numpyro's
+    """Runs a model with every subsampled plate at its full size (scale 1, all elements).
+
+    Outside a ``seed`` handler a plate with ``subsample_size`` cannot draw its indices
+    (numpyro raises "Missing random key to generate subsample indices"); inside one it
+    draws a random batch. Where the planner judges values by the model's log density
+    (the start of joint groups, their preconditioning) it wants the whole data's, so
+    both are wrong: this handler makes the plate take all ``size`` elements, as the
+    model does without ``subsample_size``.
+    """
+
+    def process_message(self, msg):
+        if msg["type"] == "plate" and msg["args"][1] is not None:
+            size = msg["args"][0]
+            msg["args"] = (size, None)
+            msg["value"] = jnp.arange(size)
 
 
 class _SiteRecorder(numpyro.primitives.Messenger):
