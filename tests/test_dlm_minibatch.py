@@ -76,10 +76,12 @@ def test_minibatched_dlm_without_memory_lands_near_the_optimum():
     """``site_memory=False``: N/B-scaled minibatch gradients with decaying steps. The
     stopping rule stops once q's means move less than 0.25 sd and its sds less than 5% per
     20-iteration chunk, which the decayed steps reach before the optimum: the means stop
-    within 0.15 sd and the sds 3-9% short (measured at 153-173 iterations), never wide."""
+    within 0.2 sd and the sds 3-10% short, never wide (measured: 0.13 sd at 153 iterations
+    from the prior median; 0.17 sd at 101 iterations from the start the whole data's log
+    density chooses, which the minibatched planner could not evaluate before)."""
     result, mean_error, sd_ratio = against_the_optimum(site_memory=False)
     assert result.converged
-    assert mean_error < 0.15
+    assert mean_error < 0.2
     np.testing.assert_allclose(sd_ratio, 1.0, rtol=0.12)
     assert np.all(sd_ratio < 1.02)  # short, never wide: the sds grow towards the optimum
     assert "held in memory" not in str(result.schedule)
