@@ -515,8 +515,10 @@ def warn_importance(check: ImportanceCheck | None):
                 "The posterior is not Gaussian in that "
                 "latent's unconstrained coordinate (typically a hierarchy's scale, or a "
                 "skewed or bounded latent): its intervals from q are too short, and the "
-                "latents coupled to it may be off too. Compare with NUTS, or reparameterise "
-                "(a non-centred hierarchy). result.diagnostics.importance holds the numbers.",
+                "latents coupled to it may be off too. Compare with NUTS, or try the other "
+                "parameterisation of a hierarchy (non-centred where the data say little "
+                "about each group, centred where they say much). "
+                "result.diagnostics.importance holds the numbers.",
                 FitWarning,
                 stacklevel=3,
             )
@@ -528,8 +530,10 @@ def warn_importance(check: ImportanceCheck | None):
         f"heavy above {K_LIMIT}). q's means and sds can be far off: typically a funnel (a "
         "centred hierarchy or latent volatility with its scale), a skewed scale, or "
         "latents q keeps independent that the posterior couples. Compare with NUTS, or "
-        "reparameterise (a non-centred hierarchy). result.diagnostics.importance holds "
-        "the numbers.",
+        "try the other parameterisation of a hierarchy (non-centred where the data say "
+        "little about each group, centred where they say much: a non-centred "
+        "hierarchy with well-identified groups couples its scale to every group's "
+        "offsets). result.diagnostics.importance holds the numbers.",
         FitWarning,
         stacklevel=3,
     )
