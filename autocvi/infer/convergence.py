@@ -24,7 +24,6 @@ every problem that makes the answer untrustworthy.
 
 from __future__ import annotations
 
-import functools
 import warnings
 from dataclasses import dataclass, field
 
@@ -287,8 +286,7 @@ def diagnose(
             continue
         lay = layouts[name]
         if lay.q_family in ("Normal", "MultivariateNormal"):
-            mean, second = _compiled(lay.fam.natural_to_mean)(lam)
-            if collapsed(np.asarray(mean), np.asarray(second), lay.q_family, xp=np):
+            if collapsed(tuple(np.asarray(x) for x in lam), lay.q_family, xp=np):
                 d.collapsed.append(name)
     moved = initial_natural is None
     for name in natural if initial_natural is not None else ():
@@ -325,12 +323,6 @@ def diagnose_schedule(schedule, elbo, initial_natural, natural, deterministic, s
         schedule.hazards,
         tuple(schedule.nodes) if schedule.objective.sampled_gradients else (),
     )
-
-
-@functools.cache
-def _compiled(fn):
-    # one program per family and shape: op by op, a Cholesky's steps compile on their own
-    return jax.jit(fn)
 
 
 def report(d: Diagnostics, num_steps: int) -> None:
