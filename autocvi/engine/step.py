@@ -32,6 +32,7 @@ from ..analysis.expectations import (
     spherical_radial,
 )
 from ..analysis.objectives import expected_log_likelihood
+from ..families import gaussian_mean_variance
 from ..model.message_kinds import (
     CUBATURE,
     EXACT,
@@ -1378,15 +1379,8 @@ def collapsed(lam, q_family: str, xp=jnp):
     float32 that difference cancels below ``1e-7 mean^2``, and a minibatched Poisson GLM
     whose intercept's posterior is 6 +- 0.001 (2,000 counts near 400) was called
     collapsed and refused its steps."""
-    eta1, eta2 = lam
-    if q_family == "MultivariateNormal":
-        cov = xp.linalg.inv(-(eta2 + xp.swapaxes(eta2, -1, -2)))
-        mean = xp.einsum("...ij,...j->...i", cov, eta1)
-        var = xp.diagonal(cov, axis1=-2, axis2=-1)
-    else:
-        var = -0.5 / eta2
-        mean = eta1 * var
-    tiny = 1e-20 if xp.asarray(eta1).dtype == xp.float64 else 1e-12
+    mean, var = gaussian_mean_variance(lam, q_family, xp)
+    tiny = 1e-20 if xp.asarray(mean).dtype == xp.float64 else 1e-12
     return xp.any(~(var > tiny * (1.0 + xp.abs(mean) ** 2)))
 
 

@@ -1,0 +1,61 @@
+"""A q narrow against its mean, in float32 (what users get by default).
+
+The posterior of a Poisson GLM's intercept from 2,000 counts near 400 is 6 +- 0.001:
+its variance is below the rounding of ``E[x^2] = 36 + 1e-6``, so everything that read
+the variance as ``E[x^2] - E[x]^2`` saw 0 or less. The line search called such a q
+collapsed and refused its steps, the diagnostics warned of a collapse, and the stopping
+rule saw q move 1e9 sd per chunk and never stopped. The natural parameters hold it; the
+fit that showed it is ``test_site_memory``'s Poisson GLM far from its prior. Oracles:
+the q's own construction (its exact moments, in float64).
+"""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from autocvi.engine.step import collapsed
+from autocvi.families import FAMILIES, gaussian_mean_variance
+
+
+def _narrow_gaussian(q_family):
+    """Natural parameters (float32) of a q whose sds are 1e-4 to 1e-3 of its means, as
+    the posterior of an intercept from 2,000 counts near 400 is, with its exact moments."""
+    mean = np.array([6.0, -3.0, 2.0])
+    sd = np.array([1e-3, 2e-4, 7e-4])
+    if q_family == "Normal":
+        var = sd**2
+        lam = (mean / var, -0.5 / var)
+        return tuple(jnp.asarray(x, jnp.float32) for x in lam), mean, var
+    corr = np.array([[1.0, 0.3, -0.2], [0.3, 1.0, 0.1], [-0.2, 0.1, 1.0]])
+    cov = corr * np.outer(sd, sd)
+    prec = np.linalg.inv(cov)
+    lam = (prec @ mean, -0.5 * prec)
+    return tuple(jnp.asarray(x, jnp.float32) for x in lam), mean, np.diag(cov)
+
+
+@pytest.mark.parametrize("q_family", ["Normal", "MultivariateNormal"])
+def test_gaussian_moments_of_a_narrow_q_are_read_from_its_natural_parameters(q_family):
+    """In float32, E[x^2] - E[x]^2 of such a q cancels to 0 (36 + 1e-6 rounds to 36);
+    the natural parameters hold it: mean and variance to float32's accuracy."""
+    lam, mean, var = _narrow_gaussian(q_family)
+    m, v = gaussian_mean_variance(lam, q_family)
+    assert m.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(m), mean, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(v), var, rtol=1e-3)
+    m_np, v_np = gaussian_mean_variance(tuple(np.asarray(x) for x in lam), q_family, xp=np)
+    np.testing.assert_allclose(v_np, var, rtol=1e-3)
+    # the route through the mean parameters loses the variance of the first coordinate
+    first, second = FAMILIES[q_family].natural_to_mean(lam)
+    if q_family == "MultivariateNormal":
+        second = jnp.diagonal(second)
+    assert abs(float(second[0] - first[0] ** 2) - var[0]) > 0.5 * var[0]
+
+
+@pytest.mark.parametrize("q_family", ["Normal", "MultivariateNormal"])
+def test_a_narrow_q_is_not_collapsed_and_a_degenerate_one_is(q_family):
+    lam, _, _ = _narrow_gaussian(q_family)
+    assert not bool(collapsed(lam, q_family))
+    assert not bool(collapsed(tuple(np.asarray(x) for x in lam), q_family, xp=np))
+    scale = jnp.float32(1e24)  # the variances down by 1e24: sds ~1e-15 of the means
+    degenerate = (lam[0] * scale, lam[1] * scale)
+    assert bool(collapsed(degenerate, q_family))
