@@ -9,12 +9,18 @@ fit that showed it is ``test_site_memory``'s Poisson GLM far from its prior. Ora
 the q's own construction (its exact moments, in float64).
 """
 
+import warnings
+
 import jax.numpy as jnp
 import numpy as np
+import numpyro
+import numpyro.distributions as dist
 import pytest
 
+import autocvi
 from autocvi.engine.step import collapsed
 from autocvi.families import FAMILIES, gaussian_mean_variance
+from autocvi.infer.convergence import FitWarning
 
 
 def _narrow_gaussian(q_family):
@@ -59,3 +65,41 @@ def test_a_narrow_q_is_not_collapsed_and_a_degenerate_one_is(q_family):
     scale = jnp.float32(1e24)  # the variances down by 1e24: sds ~1e-15 of the means
     degenerate = (lam[0] * scale, lam[1] * scale)
     assert bool(collapsed(degenerate, q_family))
+
+
+def test_a_negative_binomial_glm_of_large_counts_fits_in_float32():
+    """The same counts with a dispersion (a joint Gaussian over b0, w and log phi, Monte
+    Carlo messages, line-searched): every step was refused as collapsed and the fit
+    stopped 10 sd off, warning. Oracle: statsmodels' NB2 maximum likelihood (2,000
+    points, N(0, 1) and HalfNormal(10) priors: the posterior mean is the MLE to a few
+    hundredths of its standard errors)."""
+    from statsmodels.discrete.discrete_model import NegativeBinomial
+
+    rng = np.random.default_rng(1)
+    X = 0.5 * rng.normal(size=(2000, 4))
+    mu = np.exp(6.0 + X @ np.array([0.5, -0.3, 0.2, 0.0]))
+    y = rng.negative_binomial(20, 20 / (20 + mu)).astype(float)
+    mle = NegativeBinomial(y, np.column_stack([np.ones(len(y)), X]), loglike_method="nb2").fit(
+        disp=0, maxiter=500
+    )
+    coef, se = np.asarray(mle.params[:5]), np.asarray(mle.bse[:5])
+
+    def model(X, y=None):
+        b0 = numpyro.sample("b0", dist.Normal(0, 1))
+        with numpyro.plate("features", X.shape[1]):
+            w = numpyro.sample("w", dist.Normal(0, 1))
+        phi = numpyro.sample("phi", dist.HalfNormal(10.0))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.NegativeBinomial2(jnp.exp(b0 + X @ w), phi), obs=y)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FitWarning)
+        result = autocvi.fit(model, {"X": jnp.asarray(X), "y": jnp.asarray(y)})
+    assert result.converged
+    post = result.posterior
+    mean = np.r_[float(post["b0"].mean), np.asarray(post["w"].mean)]
+    sd = np.sqrt(np.r_[float(post["b0"].variance), np.asarray(post["w"].variance)])
+    assert np.max(np.abs(mean - coef) / se) < 0.3
+    assert np.all(np.abs(sd / se - 1) < 0.15)
+    # statsmodels' alpha is 1 / phi; phi's posterior sd is about 3% of it here
+    assert float(post["phi"].mean) == pytest.approx(1.0 / float(mle.params[5]), rel=0.03)
