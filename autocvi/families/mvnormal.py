@@ -95,10 +95,21 @@ def sample(rng_key, lam, sample_shape=()):
 
 
 def to_numpyro(lam):
-    """``dist.MultivariateNormal(m, precision_matrix=P)``; batch ``batch``, event ``(D,)``."""
-    eta1, prec, chol_p = _precision_chol(lam)
-    m = cho_solve(chol_p, eta1)
-    return dist.MultivariateNormal(m, precision_matrix=prec)
+    """``dist.MultivariateNormal(m, scale_tril=L)``, ``L L^T = P^-1``; batch ``batch``,
+    event ``(D,)``.
+
+    Factored after scaling P to unit diagonal (``P = S R S``, ``S = diag(P)^1/2``; then
+    ``L = S^-1 chol(R^-1)``): Cholesky factors are insensitive to that scaling, the
+    eigenvalues NumPyro's ``precision_matrix`` validation checks are not. A logistic
+    regression on age and income in dollars has a precision with entries from 1 to 1e11:
+    positive definite in float32 as R, "invalid precision_matrix" as P."""
+    eta1, prec = lam[0], -2.0 * symmetrize(lam[1])
+    s = jnp.sqrt(jnp.diagonal(prec, axis1=-2, axis2=-1))
+    unit = prec / (s[..., :, None] * s[..., None, :])
+    chol_r = jnp.linalg.cholesky(unit)
+    m = cho_solve(chol_r, eta1 / s) / s
+    cov_r = symmetrize(cho_solve(chol_r, _eye_like(unit)))
+    return dist.MultivariateNormal(m, scale_tril=jnp.linalg.cholesky(cov_r) / s[..., :, None])
 
 
 def from_numpyro(d):

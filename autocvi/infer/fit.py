@@ -1503,7 +1503,10 @@ def _checked_posterior_of(schedule: Schedule, natural):
         elif node.layout.q_family != "MultivariateNormal":
             continue
         precision = -(lam[1] + jnp.swapaxes(lam[1], -1, -2))
-        ok = ok & jnp.all(jnp.linalg.eigvalsh(precision)[..., 0] > 0)
+        # at unit diagonal, as the posterior is factored (families.mvnormal.to_numpyro)
+        s = jnp.sqrt(jnp.abs(jnp.diagonal(precision, axis1=-2, axis2=-1)))
+        unit = precision / (s[..., :, None] * s[..., None, :])
+        ok = ok & jnp.all(jnp.linalg.eigvalsh(unit)[..., 0] > 0)
     return _posterior_of(schedule, natural), ok
 
 

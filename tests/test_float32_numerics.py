@@ -1,12 +1,18 @@
-"""A q narrow against its mean, in float32 (what users get by default).
+"""Posteriors float32 (what users get by default) holds only with care.
 
-The posterior of a Poisson GLM's intercept from 2,000 counts near 400 is 6 +- 0.001:
-its variance is below the rounding of ``E[x^2] = 36 + 1e-6``, so everything that read
-the variance as ``E[x^2] - E[x]^2`` saw 0 or less. The line search called such a q
-collapsed and refused its steps, the diagnostics warned of a collapse, and the stopping
-rule saw q move 1e9 sd per chunk and never stopped. The natural parameters hold it; the
-fit that showed it is ``test_site_memory``'s Poisson GLM far from its prior. Oracles:
-the q's own construction (its exact moments, in float64).
+* Narrow against its mean: the posterior of a Poisson GLM's intercept from 2,000 counts
+  near 400 is 6 +- 0.001, a variance below the rounding of ``E[x^2] = 36 + 1e-6``, so
+  everything that read the variance as ``E[x^2] - E[x]^2`` saw 0 or less: the line
+  search called such a q collapsed and refused its steps, the diagnostics warned of a
+  collapse, the stopping rule saw q move 1e9 sd per chunk and never stopped. The
+  natural parameters hold it (the site-memory fit that showed it is in
+  ``test_site_memory``).
+* Large terms that cancel: a Gaussian block's KL as ``E_q[log sites] - log Z``.
+* Badly scaled: a precision with entries from 1 to 1e11 (income in dollars), which is
+  positive definite at unit diagonal but not to an eigenvalue check in float32.
+
+Oracles: the q's own construction (its exact moments), float64 Newton/Laplace
+posteriors, statsmodels' maximum likelihood.
 """
 
 import warnings
@@ -145,3 +151,35 @@ def test_a_poisson_glm_of_counts_near_12000_reaches_its_posterior_in_float32(log
     q_sd = np.sqrt(np.r_[float(post["b0"].variance), np.asarray(post["w"].variance)])
     assert np.max(np.abs(mean - mode) / sd) < 0.1
     assert np.all(np.abs(q_sd / sd - 1) < 0.1)
+
+
+def test_a_logistic_regression_on_income_in_dollars_reports_its_posterior():
+    """Age and income in dollars, uncentred: the Gaussian block fits, but its posterior's
+    precision (entries from 1 to 1e11) failed NumPyro's positive-definiteness check in
+    float32 and ``fit`` raised a raw "invalid precision_matrix parameter" ValueError.
+    Oracle: statsmodels' logistic MLE and standard errors (500 points, the priors'
+    pull is below 0.01 sd)."""
+    import statsmodels.api as sm
+
+    rng = np.random.default_rng(0)
+    age, income = rng.uniform(20, 80, 500), rng.normal(50000, 15000, 500)
+    logit = -3 + 0.05 * age + 0.00002 * income
+    y = (rng.uniform(size=500) < 1 / (1 + np.exp(-logit))).astype(float)
+    X = np.column_stack([age, income])
+    mle = sm.Logit(y, sm.add_constant(X)).fit(disp=0)
+
+    def model(X, y=None):
+        b0 = numpyro.sample("b0", dist.Normal(0, 10))
+        with numpyro.plate("features", X.shape[1]):
+            w = numpyro.sample("w", dist.Normal(0, 1))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Bernoulli(logits=b0 + X @ w), obs=y)
+
+    result = autocvi.fit(model, {"X": jnp.asarray(X), "y": jnp.asarray(y)})
+    assert result.schedule.blocks and result.converged
+    post = result.posterior
+    mean = np.r_[float(post["b0"].mean), np.asarray(post["w"].mean)]
+    sd = np.sqrt(np.r_[float(post["b0"].variance), np.asarray(post["w"].variance)])
+    se = np.asarray(mle.bse)
+    assert np.max(np.abs(mean - np.asarray(mle.params)) / se) < 0.2
+    assert np.all(np.abs(sd / se - 1) < 0.1)
