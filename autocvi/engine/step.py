@@ -795,7 +795,16 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                 )
             elif i in safeguarded:
                 lam[i], step_sizes[i], halvings[i] = safeguarded_update(
-                    i, lam, total, beta, sweep_key, fixed, state.constant_terms
+                    i,
+                    lam,
+                    total,
+                    beta,
+                    sweep_key,
+                    fixed,
+                    state.constant_terms,
+                    jnp.where(
+                        state.iteration < _START_ITERATIONS, _FIRST_PASS_HALVINGS, _MAX_HALVINGS
+                    ),
                 )
             elif i in searched_first_pass:
                 filling = ~jnp.all(
@@ -1134,11 +1143,15 @@ def _symmetric(lay, g):
 # decrease of the node's ELBO terms within this relative slack counts as a tie.
 _MAX_HALVINGS = 10
 _LINE_SEARCH_SLACK = 1e-6
-# The first pass of a site memory is searched from wherever the fit starts: a natural-
-# parameter step from a start far wider than the posterior moves the mean by about
-# beta x gradient / start precision, and a Poisson GLM started at b0 = 2 with variance
-# 0.1, whose posterior is 6 +- 0.001, needed a step of 1e-4 (13 halvings of 0.5).
+# The first steps (and the first pass of a site memory) are searched from wherever the
+# fit starts: a natural-parameter step from a start far wider than the posterior moves
+# the mean by about beta x gradient / start precision, and a Poisson GLM started at
+# b0 = 2 with variance 0.1, whose posterior is 6 +- 0.001, needed a step of 1e-4 (13
+# halvings of 0.5); with 10, every step of a Poisson GLM with group intercepts and counts
+# near 400 was refused and q never left its start. Later, a step refused after 10
+# halvings is one the noise of its estimate refused: more would cost time, not help.
 _FIRST_PASS_HALVINGS = 20
+_START_ITERATIONS = 20
 
 
 def _local_message_scale(node, fplan) -> float:
