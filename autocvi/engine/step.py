@@ -314,7 +314,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         g_lam = jax.grad(expected)(lam[i])
         return _fisher_solve(lay.fam, lam[i], g_lam)
 
-    def gh_expected_fn(fplan, i, mu_i, key=None):
+    def gh_expected_fn(fplan, i, moments, key=None):
         """Per-point log density with node i integrated out by Gauss-Hermite.
 
         The factor sees node i only through eta = A z + b (one scalar per
@@ -324,11 +324,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         """
         lay = layouts[i]
         lp = fplan.linear_predictors[i]
-        m = mu_i[0]
-        if lay.q_family == "MultivariateNormal":
-            cov = mu_i[1] - m[..., :, None] * m[..., None, :]
-        else:
-            cov = mu_i[1] - m * m
+        m, cov = moments
 
         def per_point(values):
             def eta_of(x):  # x in the family layout (affine map to the site)
@@ -348,7 +344,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
 
         return per_point
 
-    def cubature_expected_fn(fplan, i, mu_i, key=None):
+    def cubature_expected_fn(fplan, i, moments, key=None):
         """Per-point log density with node i integrated out by K-dim cubature.
 
         The factor sees node i only through a K-vector predictor per element,
@@ -360,8 +356,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         """
         lay = layouts[i]
         lp = fplan.linear_predictors[i]
-        m = mu_i[0]
-        cov = mu_i[1] - m[..., :, None] * m[..., None, :]
+        m, cov = moments
 
         def per_point(values):
             return _cubature_surrogate(lp, lay, i, m, cov, values)
@@ -375,9 +370,12 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
     }
     edge_kinds = {(f, n): k for n, node in nodes.items() for f, k in node.incoming}
 
-    def gh_expectation(fplan, i, mu_i, tensor, drawn, fixed, key=None):
+    def gh_expectation(fplan, i, moments, tensor, drawn, fixed, key=None):
+        """``E_q[log f]`` with node i integrated over its linear predictor; ``moments``:
+        q_i's ``(mean, covariance)`` (or variance), read from its natural parameters
+        (:func:`_gaussian_moments`)."""
         expected_fn = predictor_expected.get(edge_kinds.get((fplan.name, i)), gh_expected_fn)
-        per_point = expected_fn(fplan, i, mu_i, key)
+        per_point = expected_fn(fplan, i, moments, key)
 
         def at(s):
             sets = dict(tensor)
@@ -394,10 +392,20 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         # ``sub``: the draws of an objective whose gradient is a sampling estimate (folded
         # in, so that the other draws of the step stay what they were without one)
         sub = jax.random.fold_in(key, _ESTIMATOR_STREAM)
-        g = jax.grad(lambda mu_i: gh_expectation(fplan, i, mu_i, tensor, drawn, fixed, sub))(mus[i])
+        # The gradient in the mean parameters (m, S + m m^T) by the chain rule from the one
+        # in (m, S): S read from the natural parameters. As E[x x^T] - m m^T it cancels in
+        # float32 for a q narrow against its mean (a Poisson GLM's intercept 8.8 +- 6e-4:
+        # the predictor's variance came out negative, was clipped to 0, the message lost its
+        # precision and q stopped 770 sd off, saying converged).
+        m, cov = _gaussian_moments(layouts[i], lam[i])
+        gm, gs = jax.grad(
+            lambda m_, s_: gh_expectation(fplan, i, (m_, s_), tensor, drawn, fixed, sub),
+            argnums=(0, 1),
+        )(m, cov)
         if layouts[i].q_family == "MultivariateNormal":
-            g = (g[0], 0.5 * (g[1] + jnp.swapaxes(g[1], -1, -2)))
-        return g
+            gs = 0.5 * (gs + jnp.swapaxes(gs, -1, -2))
+            return (gm - 2.0 * jnp.einsum("...ij,...j->...i", gs, m), gs)
+        return (gm - 2.0 * gs * m, gs)
 
     def constant_messages(values=None):
         """Exact messages from factors whose only latent is the node itself.
@@ -457,7 +465,9 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         gh = next(iter(fplan.linear_predictors), None)
         if gh is not None:
             tensor, drawn = point_sets(fplan, lam, mus, key, skip=gh)
-            return gh_expectation(fplan, gh, mus[gh], tensor, drawn, fixed)
+            return gh_expectation(
+                fplan, gh, _gaussian_moments(layouts[gh], lam[gh]), tensor, drawn, fixed
+            )
         tensor, drawn = point_sets(fplan, lam, mus, key)
         if not drawn:
             return expectation(fplan, tensor, drawn, fixed, 0)
@@ -860,6 +870,18 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         return elbo(lam, elbo_key, fixed, state.constant_terms)
 
     return CVIAlgorithm(init, step, elbo_at, move_params, held_sites)
+
+
+def _gaussian_moments(lay, lam):
+    """``(mean, covariance)`` of a MultivariateNormal q (``(mean, variance)`` of a Normal)
+    from its natural parameters, without the cancellation of ``E[x x^T] - m m^T``."""
+    eta1, eta2 = lam
+    if lay.q_family == "MultivariateNormal":
+        cov = jnp.linalg.inv(-(eta2 + jnp.swapaxes(eta2, -1, -2)))
+        cov = 0.5 * (cov + jnp.swapaxes(cov, -1, -2))
+        return jnp.einsum("...ij,...j->...i", cov, eta1), cov
+    var = -0.5 / eta2
+    return eta1 * var, var
 
 
 def _predictor_moments(fplan: FactorPlan, lay, node: str, lam, fixed):
