@@ -888,8 +888,7 @@ def _predictor_moments(fplan: FactorPlan, lay, node: str, lam, fixed):
     """``(A, b, mu, var)``: the predictor ``eta = A x + b`` of a whole-site Gaussian node at
     ``fixed`` (params), and the mean and variance of each ``eta_n`` under q = ``lam``."""
     lp = fplan.linear_predictors[node]
-    m, second = lay.fam.natural_to_mean(lam)
-    cov = second - jnp.outer(m, m)
+    m, cov = _gaussian_moments(lay, lam)
 
     def eta_of(x):
         return jnp.ravel(lp.eta_fn({**fixed, node: lay.to_site(x)}))
