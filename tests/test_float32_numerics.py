@@ -25,7 +25,7 @@ import pytest
 
 import autocvi
 from autocvi.engine.step import collapsed
-from autocvi.families import FAMILIES, gaussian_mean_variance
+from autocvi.families import FAMILIES, gaussian_mean_variance, gaussian_moments
 from autocvi.infer.convergence import FitWarning
 
 
@@ -43,6 +43,19 @@ def _narrow_gaussian(q_family):
     prec = np.linalg.inv(cov)
     lam = (prec @ mean, -0.5 * prec)
     return tuple(jnp.asarray(x, jnp.float32) for x in lam), mean, np.diag(cov)
+
+
+def test_full_covariance_of_a_narrow_q_is_read_from_its_natural_parameters():
+    """The covariance the Gauss-Hermite messages use: symmetric, and equal to the exact
+    one (float64 numpy) to float32's accuracy relative to each entry's scale."""
+    lam, mean, var = _narrow_gaussian("MultivariateNormal")
+    m, cov = gaussian_moments(lam, "MultivariateNormal")
+    np.testing.assert_allclose(np.asarray(m), mean, rtol=1e-6)
+    cov = np.asarray(cov, np.float64)
+    np.testing.assert_array_equal(cov, cov.T)
+    exact = np.linalg.inv(-2.0 * np.asarray(lam[1], np.float64))
+    scale = np.sqrt(np.outer(var, var))
+    np.testing.assert_allclose(cov / scale, exact / scale, atol=1e-3)
 
 
 @pytest.mark.parametrize("q_family", ["Normal", "MultivariateNormal"])

@@ -32,7 +32,7 @@ from ..analysis.expectations import (
     spherical_radial,
 )
 from ..analysis.objectives import expected_log_likelihood
-from ..families import gaussian_mean_variance
+from ..families import gaussian_mean_variance, gaussian_moments
 from ..model.message_kinds import (
     CUBATURE,
     EXACT,
@@ -373,7 +373,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
     def gh_expectation(fplan, i, moments, tensor, drawn, fixed, key=None):
         """``E_q[log f]`` with node i integrated over its linear predictor; ``moments``:
         q_i's ``(mean, covariance)`` (or variance), read from its natural parameters
-        (:func:`_gaussian_moments`)."""
+        (:func:`autocvi.families.gaussian_moments`)."""
         expected_fn = predictor_expected.get(edge_kinds.get((fplan.name, i)), gh_expected_fn)
         per_point = expected_fn(fplan, i, moments, key)
 
@@ -397,7 +397,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         # float32 for a q narrow against its mean (a Poisson GLM's intercept 8.8 +- 6e-4:
         # the predictor's variance came out negative, was clipped to 0, the message lost its
         # precision and q stopped 770 sd off, saying converged).
-        m, cov = _gaussian_moments(layouts[i], lam[i])
+        m, cov = gaussian_moments(lam[i], layouts[i].q_family)
         gm, gs = jax.grad(
             lambda m_, s_: gh_expectation(fplan, i, (m_, s_), tensor, drawn, fixed, sub),
             argnums=(0, 1),
@@ -466,7 +466,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         if gh is not None:
             tensor, drawn = point_sets(fplan, lam, mus, key, skip=gh)
             return gh_expectation(
-                fplan, gh, _gaussian_moments(layouts[gh], lam[gh]), tensor, drawn, fixed
+                fplan, gh, gaussian_moments(lam[gh], layouts[gh].q_family), tensor, drawn, fixed
             )
         tensor, drawn = point_sets(fplan, lam, mus, key)
         if not drawn:
@@ -872,23 +872,11 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
     return CVIAlgorithm(init, step, elbo_at, move_params, held_sites)
 
 
-def _gaussian_moments(lay, lam):
-    """``(mean, covariance)`` of a MultivariateNormal q (``(mean, variance)`` of a Normal)
-    from its natural parameters, without the cancellation of ``E[x x^T] - m m^T``."""
-    eta1, eta2 = lam
-    if lay.q_family == "MultivariateNormal":
-        cov = jnp.linalg.inv(-(eta2 + jnp.swapaxes(eta2, -1, -2)))
-        cov = 0.5 * (cov + jnp.swapaxes(cov, -1, -2))
-        return jnp.einsum("...ij,...j->...i", cov, eta1), cov
-    var = -0.5 / eta2
-    return eta1 * var, var
-
-
 def _predictor_moments(fplan: FactorPlan, lay, node: str, lam, fixed):
     """``(A, b, mu, var)``: the predictor ``eta = A x + b`` of a whole-site Gaussian node at
     ``fixed`` (params), and the mean and variance of each ``eta_n`` under q = ``lam``."""
     lp = fplan.linear_predictors[node]
-    m, cov = _gaussian_moments(lay, lam)
+    m, cov = gaussian_moments(lam, lay.q_family)
 
     def eta_of(x):
         return jnp.ravel(lp.eta_fn({**fixed, node: lay.to_site(x)}))
