@@ -7,12 +7,14 @@
   collapse, the stopping rule saw q move 1e9 sd per chunk and never stopped. The
   natural parameters hold it (the site-memory fit that showed it is in
   ``test_site_memory``).
-* Large terms that cancel: a Gaussian block's KL as ``E_q[log sites] - log Z``.
+* Large terms that cancel: a Gaussian block's KL as ``E_q[log sites] - log Z``; the
+  moment nodes of a hierarchy's group means near 1,500 with sds near 0.3, built from
+  ``E[x x^T] - m m^T`` (every update refused, the ELBO -inf from the first iteration).
 * Badly scaled: a precision with entries from 1 to 1e11 (income in dollars), which is
   positive definite at unit diagonal but not to an eigenvalue check in float32.
 
 Oracles: the q's own construction (its exact moments), float64 Newton/Laplace
-posteriors, statsmodels' maximum likelihood.
+posteriors, statsmodels' maximum likelihood, a textbook VMP fixed point in float64.
 """
 
 import warnings
@@ -276,3 +278,68 @@ def test_a_covariate_imputed_with_obs_mask_matches_nuts():
     ref_mean, ref_sd = (np.asarray(v) for v in COVARIATE_IMPUTATION_NUTS)
     assert np.max(np.abs(mean - ref_mean) / ref_sd) < 0.15
     assert np.all(np.abs(np.sqrt(var) / ref_sd - 1) < 0.1)
+
+
+# The BUGS "dyes" data (Box and Tiao 1973): yields of 6 batches, 5 samples each.
+_DYES = np.array(
+    [
+        [1545, 1440, 1440, 1520, 1580],
+        [1540, 1555, 1490, 1560, 1495],
+        [1595, 1550, 1605, 1510, 1560],
+        [1445, 1440, 1595, 1465, 1545],
+        [1595, 1630, 1515, 1635, 1625],
+        [1520, 1455, 1450, 1480, 1445],
+    ],
+    float,
+)
+
+
+def _dyes_vmp_fixed_point(y, a, mu_sd, iterations=2000):
+    """Coordinate ascent (Winn and Bishop's VMP) in float64 for q(mu, theta) q(tau_w)
+    q(tau_b): a joint Gaussian over the overall and group means, Gamma precisions."""
+    B, S = y.shape
+    e_tw, e_tb = 1.0, 1.0
+    for _ in range(iterations):
+        P = np.zeros((B + 1, B + 1))
+        h = np.zeros(B + 1)
+        P[0, 0] = 1.0 / mu_sd**2 + B * e_tb
+        P[0, 1:] = P[1:, 0] = -e_tb
+        P[1:, 1:] = np.eye(B) * (e_tb + S * e_tw)
+        h[1:] = e_tw * y.sum(1)
+        cov = np.linalg.inv(P)
+        m = cov @ h
+        v = np.diag(cov)
+        ss_w = np.sum((y - m[1:, None]) ** 2) + S * np.sum(v[1:])
+        ss_b = np.sum((m[1:] - m[0]) ** 2 + v[1:] + v[0] - 2.0 * cov[0, 1:])
+        tw = (a + B * S / 2, a + ss_w / 2)
+        tb = (a + B / 2, a + ss_b / 2)
+        e_tw, e_tb = tw[0] / tw[1], tb[0] / tb[1]
+    return m, e_tw, e_tb
+
+
+def test_a_conjugate_hierarchy_of_measurements_far_from_zero_reaches_the_vmp_fixed_point():
+    """The BUGS dyes model as written there (vague Gamma(0.001, 0.001) precisions, a flat
+    Normal on the overall mean), in float32: the group means' q has sds near 8 around
+    means near 1,500. Its moment nodes from the mean parameters had no variance left, the
+    ELBO was -inf from the first iteration and q never moved; from the natural
+    parameters autocvi reaches the textbook VMP fixed point (float64) to float32's
+    accuracy."""
+
+    def model(y):
+        B, S = y.shape
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1e5))
+        tau_w = numpyro.sample("tau_w", dist.Gamma(1e-3, 1e-3))
+        tau_b = numpyro.sample("tau_b", dist.Gamma(1e-3, 1e-3))
+        with numpyro.plate("batch", B, dim=-2):
+            theta = numpyro.sample("theta", dist.Normal(mu, 1 / jnp.sqrt(tau_b)))
+            with numpyro.plate("sample", S, dim=-1):
+                numpyro.sample("y", dist.Normal(theta, 1 / jnp.sqrt(tau_w)), obs=y)
+
+    m, e_tw, e_tb = _dyes_vmp_fixed_point(_DYES, 1e-3, 1e5)
+    result = autocvi.fit(model, {"y": _DYES}, progress_bar=False, check=False)
+    assert result.converged and np.isfinite(result.elbo_final)
+    assert result.diagnostics.refused == {}
+    np.testing.assert_allclose(float(result.posterior["tau_w"].mean), e_tw, rtol=2e-3)
+    np.testing.assert_allclose(float(result.posterior["tau_b"].mean), e_tb, rtol=2e-3)
+    np.testing.assert_allclose(np.ravel(result.posterior["theta"].mean), m[1:], atol=0.05)
+    np.testing.assert_allclose(float(result.posterior["mu"].mean), m[0], atol=0.05)

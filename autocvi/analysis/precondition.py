@@ -126,7 +126,10 @@ def newton_centre(quadratic, z0, steps: int = NEWTON_STEPS):
             break
         for _ in range(5):
             candidate = at(z + step)
-            if np.isfinite(candidate[0]) and candidate[0] > value:
+            # a candidate whose curvature is not finite (a Gamma precision's Hessian
+            # overflowing float32 far out on its log scale) cannot be whitened: not taken
+            finite = all(np.all(np.isfinite(c)) for c in candidate)
+            if finite and candidate[0] > value:
                 break
             step = 0.5 * step
         else:

@@ -28,6 +28,7 @@ from ..analysis.expectations import (
     PointSet,
     expect,
     moment_point_set,
+    moments_point_set,
     point_mass,
     spherical_radial,
 )
@@ -220,7 +221,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                 continue
             lay = layouts[j]
             if fplan.conjugate[j]:
-                tensor[j] = moment_point_set(lay, mus[j], fplan.alignments[j])
+                tensor[j] = conjugate_point_set(lay, mus[j], fplan.alignments[j], lam.get(j))
             else:
                 key, sub = jax.random.split(key)
                 drawn[j] = draws(lay, lam[j], mus[j], sub)
@@ -251,12 +252,11 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
     # ------------------------------------------------------------- messages
     def exact_message(fplan, i, lam, mus, key, fixed):
         if all(fplan.conjugate.values()):  # every neighbour at its moment nodes: VMP
-            return vmp_message(fplan, layouts, i, mus, fixed)
+            return vmp_message(fplan, layouts, i, mus, fixed, natural=lam)
         tensor, drawn = point_sets(fplan, lam, mus, key, skip=i)
-        lay = layouts[i]
 
-        def expected(mu_i):
-            extra = {i: moment_point_set(lay, mu_i, fplan.alignments[i])}
+        def expected(point_set):
+            extra = {i: point_set}
             if not drawn:
                 return expectation(fplan, tensor, drawn, fixed, 0, extra)
             return jnp.mean(
@@ -265,7 +265,9 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                 )
             )
 
-        return _symmetric(lay, jax.grad(expected)(mus[i]))
+        return mean_parameter_gradient(
+            layouts[i], expected, mus[i], fplan.alignments[i], lam.get(i)
+        )
 
     def gaussian_message(fplan, i, lam, mus, key, fixed):
         """Bonnet/Price: (E[grad f] - E[H] m, E[H]/2) for Normal / MVN nodes, with
@@ -1098,7 +1100,9 @@ _MEMORY_MESSAGES = {
 }
 
 
-def expected_log_factor(fplan: FactorPlan, layouts: dict, mean_params: dict, fixed=None):
+def expected_log_factor(
+    fplan: FactorPlan, layouts: dict, mean_params: dict, fixed=None, natural=None
+):
     """``E_q[log p_a]`` of a factor whose every latent edge is conjugate (exact).
 
     Each latent neighbour is replaced by its moment nodes (a point set that
@@ -1110,6 +1114,9 @@ def expected_log_factor(fplan: FactorPlan, layouts: dict, mean_params: dict, fix
         layouts: ``{latent: LatentLayout}`` (``schedule.nodes[n].layout``).
         mean_params: ``{latent: mean-parameter tuple}`` for the factor's latents.
         fixed: values of params and subsample indices the factor reads.
+        natural: ``{latent: natural parameters}``, optional: Gaussian latents' nodes
+            are then built from the moments these give (:func:`conjugate_point_set`),
+            as the engine does.
 
     Raises:
         ValueError: when an edge is not conjugate (no closed form; the engine
@@ -1122,23 +1129,78 @@ def expected_log_factor(fplan: FactorPlan, layouts: dict, mean_params: dict, fix
             f"no closed form (see graph.explain({fplan.name!r}, {bad[0]!r}))."
         )
     sets = {
-        j: moment_point_set(layouts[j], mean_params[j], fplan.alignments[j]) for j in fplan.latents
+        j: conjugate_point_set(
+            layouts[j], mean_params[j], fplan.alignments[j], (natural or {}).get(j)
+        )
+        for j in fplan.latents
     }
     return expect(fplan.log_density, sets, {} if fixed is None else fixed)
 
 
-def vmp_message(fplan: FactorPlan, layouts: dict, latent: str, mean_params: dict, fixed=None):
+def vmp_message(
+    fplan: FactorPlan, layouts: dict, latent: str, mean_params: dict, fixed=None, natural=None
+):
     """The VMP message from a conjugate factor to ``latent``, in natural parameters.
 
     ``grad_{mu_i} E_q[log p_a]`` (Khan & Lin 2017, "Conjugate-computation
     variational inference", Sec. 5: for a conjugate factor the CVI gradient is
-    the VMP message); the engine's exact messages are this function.
+    the VMP message); the engine's exact messages are this function. ``natural``
+    (optional, as the engine passes it): Gaussian latents are read from their natural
+    parameters (:func:`mean_parameter_gradient`).
     """
+    fixed = {} if fixed is None else fixed
+    others = {
+        j: conjugate_point_set(
+            layouts[j], mean_params[j], fplan.alignments[j], (natural or {}).get(j)
+        )
+        for j in fplan.latents
+        if j != latent
+    }
 
-    def of_latent(mu):
-        return expected_log_factor(fplan, layouts, {**mean_params, latent: mu}, fixed)
+    def of_set(point_set):
+        return expect(fplan.log_density, {**others, latent: point_set}, fixed)
 
-    return _symmetric(layouts[latent], jax.grad(of_latent)(mean_params[latent]))
+    return mean_parameter_gradient(
+        layouts[latent],
+        of_set,
+        mean_params[latent],
+        fplan.alignments[latent],
+        (natural or {}).get(latent),
+    )
+
+
+def _is_gaussian(lay) -> bool:
+    return lay.q_family in ("Normal", "MultivariateNormal")
+
+
+def conjugate_point_set(lay, mu, align, lam=None) -> PointSet:
+    """A conjugate neighbour's moment nodes: a Gaussian q's from its moments read from its
+    natural parameters ``lam`` (:func:`autocvi.analysis.expectations.moments_point_set`:
+    no cancellation in float32), any other q's from its mean parameters ``mu``."""
+    if lam is not None and _is_gaussian(lay):
+        return moments_point_set(lay, gaussian_moments(lam, lay.q_family), align)
+    return moment_point_set(lay, mu, align)
+
+
+def mean_parameter_gradient(lay, of_set, mu, align, lam=None):
+    """``grad_mu E``, with ``E = of_set(moment nodes of q)``: the CVI message (Khan & Lin
+    2017, Sec. 5) of a factor to a node whose q has mean parameters ``mu``.
+
+    For a Gaussian q with natural parameters ``lam`` the nodes are built from its mean
+    ``m`` and covariance ``S`` read from ``lam`` (:func:`conjugate_point_set`), and the
+    gradient in ``(m, S)`` is chained to the mean parameters ``(m, S + m m^T)``:
+    ``dE/dE[x x^T] = dE/dS`` and ``dE/dE[x] = dE/dm - 2 (dE/dS) m``; the same numbers,
+    without the float32 cancellation of ``E[x x^T] - m m^T``."""
+    if lam is None or not _is_gaussian(lay):
+        return _symmetric(lay, jax.grad(lambda mu_: of_set(moment_point_set(lay, mu_, align)))(mu))
+    m, cov = gaussian_moments(lam, lay.q_family)
+    g_m, g_cov = jax.grad(
+        lambda m_, cov_: of_set(moments_point_set(lay, (m_, cov_), align)), argnums=(0, 1)
+    )(m, cov)
+    if lay.q_family == "MultivariateNormal":
+        g_cov = 0.5 * (g_cov + jnp.swapaxes(g_cov, -1, -2))
+        return (g_m - 2.0 * jnp.einsum("...ij,...j->...i", g_cov, m), g_cov)
+    return (g_m - 2.0 * g_cov * m, g_cov)
 
 
 def _symmetric(lay, g):
@@ -1425,7 +1487,3 @@ def _constant_terms(graph, params, fixed):
         if not fac.latents:
             total = total + jnp.sum(graph.log_density_fn(fac.name)({**params, **fixed}))
     return total
-
-
-# Silence linters about a helper kept for readability.
-del PointSet

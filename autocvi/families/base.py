@@ -63,10 +63,15 @@ class Family(NamedTuple):
     # (lam, target, beta) -> lam: a step towards ``target`` that stays in the natural
     # domain whatever ``target`` is (None: the engine halves beta until valid instead)
     domain_preserving_step: Callable | None = None
+    # Gaussian families: (mean, covariance or variance) -> (nodes, weights), the moment
+    # nodes of a q given by its moments rather than its mean parameters (in float32,
+    # E[x x^T] - m m^T loses a variance below about 1e-7 m^2; the engine reads the
+    # moments from the natural parameters instead, ``gaussian_moments``)
+    moment_nodes_at: Callable | None = None
 
 
 # Fields a family module may leave out (the record's defaults apply).
-OPTIONAL_FIELDS = ("domain_preserving_step",)
+OPTIONAL_FIELDS = ("domain_preserving_step", "moment_nodes_at")
 
 
 def family_from_namespace(name: str, event_ndim: int, namespace: dict) -> Family:

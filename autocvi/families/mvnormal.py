@@ -180,12 +180,17 @@ def moment_nodes(mu):
     """Sigma points ``m +- sqrt(D) L e_j`` (``L L^T = S``), weights ``1/(2D)``.
 
     Returns ``nodes`` of shape ``(2D,) + batch + (D,)`` and ``weights`` of shape
-    ``(2D,) + batch``.  ``S = mu2 - m m^T`` is symmetrised before the Cholesky.
+    ``(2D,) + batch``.  ``S = mu2 - m m^T``.
     """
     m, mu2 = mu
+    return moment_nodes_at(m, mu2 - m[..., :, None] * m[..., None, :])
+
+
+def moment_nodes_at(m, cov):
+    """:func:`moment_nodes` of the q with mean ``m`` and covariance ``cov`` (symmetrised
+    before the Cholesky)."""
     d = m.shape[-1]
-    cov = symmetrize(mu2 - m[..., :, None] * m[..., None, :])
-    chol = jnp.linalg.cholesky(cov)
+    chol = jnp.linalg.cholesky(symmetrize(cov))
     batch = jnp.broadcast_shapes(m.shape[:-1], chol.shape[:-2])
     m = jnp.broadcast_to(m, batch + (d,))
     cols = math.sqrt(d) * jnp.moveaxis(jnp.broadcast_to(chol, batch + (d, d)), -1, 0)

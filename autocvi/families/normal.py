@@ -125,7 +125,13 @@ def moment_nodes(mu):
     Returns ``nodes`` of shape ``(2,) + batch`` and ``weights`` of shape ``(2,) + batch``.
     """
     m, mu2 = jnp.broadcast_arrays(*mu)
-    s = jnp.sqrt(jnp.maximum(mu2 - m * m, 0.0))
+    return moment_nodes_at(m, mu2 - m * m)
+
+
+def moment_nodes_at(m, var):
+    """:func:`moment_nodes` of the q with mean ``m`` and variance ``var``."""
+    m, var = jnp.broadcast_arrays(m, var)
+    s = jnp.sqrt(jnp.maximum(var, 0.0))
     nodes = jnp.stack([m - s, m + s])
     weights = jnp.full_like(nodes, 0.5)
     return nodes, weights
