@@ -1073,8 +1073,8 @@ def _vector_memory_message(fplan: FactorPlan, lay, node: str, lam, memory, plan,
     idx = fixed[plan.plate.name]
     lp = fplan.linear_predictors[node]
     mu = lay.fam.natural_to_mean(jax.lax.stop_gradient(lam))
-    m = mu[0]
-    cov = mu[1] - m[:, None] * m[None, :]
+    # the moments from the natural parameters, not mu[1] - m m^T (float32 cancellation)
+    m, cov = gaussian_moments(jax.lax.stop_gradient(lam), lay.q_family)
     mean, var, shape = _vector_moments(lp, lay, node, m, cov, fixed)
     # The factor's density carries numpyro's N/B scale: the memory holds each
     # element's own site.
