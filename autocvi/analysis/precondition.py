@@ -73,6 +73,9 @@ class Affine:
     inverse: np.ndarray
     log_abs_det: float
     condition: float  # of the curvature the map was built from (reported by plan())
+    # whether the map is there because that curvature was too ill-conditioned for the
+    # working precision (else: a minibatched fit's start, analysis.joint.precondition_groups)
+    ill_conditioned: bool = True
 
     def forward(self, zeta):
         """``z`` from ``zeta`` (``(..., D)``)."""
@@ -157,7 +160,9 @@ def needs_preconditioning(neg_hessian: np.ndarray, dtype) -> tuple[bool, float]:
     return condition * float(jnp.finfo(dtype).eps) > CONDITION_TOLERANCE, condition
 
 
-def whitening_affine(neg_hessian: np.ndarray, shift, condition: float) -> Affine:
+def whitening_affine(
+    neg_hessian: np.ndarray, shift, condition: float, ill_conditioned: bool = True
+) -> Affine:
     """The map ``z = shift + P zeta`` with ``P^T H P ~ I`` (module docstring).
 
     A coordinate with zero curvature keeps unit scale and stays out of the rotation.
@@ -174,4 +179,6 @@ def whitening_affine(neg_hessian: np.ndarray, shift, condition: float) -> Affine
     matrix = d[:, None] * vec / np.sqrt(ev)[None, :]
     inverse = (vec * np.sqrt(ev)[None, :]).T / d[None, :]
     log_abs_det = float(np.sum(np.log(d)) - 0.5 * np.sum(np.log(ev)))
-    return Affine(np.asarray(shift, np.float64), matrix, inverse, log_abs_det, condition)
+    return Affine(
+        np.asarray(shift, np.float64), matrix, inverse, log_abs_det, condition, ill_conditioned
+    )

@@ -107,11 +107,15 @@ class CVIInfo(NamedTuple):
     taken (0 when the line search refused every step: the node kept its
     parameters). ``halvings``: per node, how many times the line search halved
     the step (0 for nodes whose messages are all exact, which need no search).
+    ``non_finite``: per node, whether its summed incoming message was not finite (a
+    factor's log density or its gradient overflowed at q's draws or nodes); the node
+    then kept its parameters and its step is reported as refused (0).
     """
 
     elbo: jax.Array
     step_sizes: dict = {}
     halvings: dict = {}
+    non_finite: dict = {}
 
 
 class CVIAlgorithm(NamedTuple):
@@ -599,7 +603,12 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             attempt,
             (b0, jnp.asarray(-1, jnp.int32), before),
         )
-        ok = ~bad(v) | ~jnp.isfinite(before)
+        # A message that is not finite moves nothing (damped_update keeps such elements),
+        # and its candidate ties with the start: without this the step would be recorded
+        # as taken and a node stuck on NaN gradients would look settled (a minibatched
+        # negative-binomial GLM in float32 whose predictor overflowed exp at its draws
+        # stopped 47 sd from the posterior saying converged).
+        ok = (~bad(v) | ~jnp.isfinite(before)) & _all_finite(message)
         cand = damped_update(fam, old, message, b)
         new = jax.tree_util.tree_map(lambda n, o: jnp.where(ok, n, o), cand, old)
         return new, jnp.where(ok, b, 0.0), k
@@ -611,10 +620,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         as refused, so a node that stops moving for that reason is "stuck" (not
         converged) instead of looking settled."""
         new = damped_update(layouts[i].fam, lam_i, message, beta)
-        finite = jnp.all(
-            jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(message)])
-        )
-        b = jnp.where(finite, jnp.asarray(beta, jnp.result_type(float)), 0.0)
+        b = jnp.where(_all_finite(message), jnp.asarray(beta, jnp.result_type(float)), 0.0)
         return new, b, jnp.zeros((), jnp.int32)
 
     # ----------------------------------------------------------- init/step
@@ -743,7 +749,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         # Local nodes of subsampled plates: work on the sampled elements only.
         lam = {n: _gather(nodes[n], lam_n, indices) for n, lam_n in state.natural.items()}
         block_elbos = {}
-        step_sizes, halvings = {}, {}
+        step_sizes, halvings, non_finite = {}, {}, {}
         sites = dict(state.sites)
         block_cache = dict(state.block_cache)
         for i in schedule.order:
@@ -799,6 +805,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
                         k = -2.0 * g[1]
                     curvature = curvature + k
             beta = schedule.step_size_at(state.iteration, local=node.local, node=i)
+            non_finite[i] = ~_all_finite(total)
             if i in newton_nodes:
                 lam[i], finite = _newton_mean_update(layouts[i].fam, lam[i], total, curvature, beta)
                 step_sizes[i], halvings[i] = (
@@ -862,7 +869,7 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             plate_order=orders,
             block_cache=block_cache,
         )
-        return new_state, CVIInfo(value, step_sizes, halvings)
+        return new_state, CVIInfo(value, step_sizes, halvings, non_finite)
 
     def elbo_at(state: CVIState, rng_key):
         plate_key, elbo_key = jax.random.split(rng_key)
@@ -1223,6 +1230,11 @@ _LINE_SEARCH_SLACK = 1e-6
 # halvings is one the noise of its estimate refused: more would cost time, not help.
 _FIRST_PASS_HALVINGS = 20
 _START_ITERATIONS = 20
+
+
+def _all_finite(tree):
+    """Whether every element of every leaf of ``tree`` is finite (a scalar bool)."""
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]))
 
 
 def _local_message_scale(node, fplan) -> float:

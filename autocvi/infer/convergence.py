@@ -191,6 +191,10 @@ class Diagnostics:
             the stopping rule cannot tell from convergence.
         unhelpful: nodes with sampled gradients (DLM's bMC, uPS) whose steps the line
             search refused in most of the last ``WINDOW`` iterations.
+        non_finite_messages: per node whose incoming message was not finite in any of
+            the last ``WINDOW`` iterations, at how many iterations of the run it was: a
+            factor's log density or its gradient overflowed where q puts mass, so the node
+            could not move (float32's ``exp`` overflows above 88). Untrustworthy.
         hazards: the planner's warnings about approximations that can leave the
             fit far from the optimum (``Schedule.hazards``).
         importance: how well q covers the posterior: the Pareto-k and effective
@@ -217,6 +221,7 @@ class Diagnostics:
     refused: dict = field(default_factory=dict)
     stuck: list = field(default_factory=list)
     unhelpful: list = field(default_factory=list)
+    non_finite_messages: dict = field(default_factory=dict)
     hazards: list = field(default_factory=list)
     # an ImportanceCheck (typed loosely: autocvi.infer.importance imports this module)
     importance: object = None
@@ -234,6 +239,7 @@ class Diagnostics:
             or self.frozen
             or self.stuck
             or self.unhelpful
+            or self.non_finite_messages
             or self.hazards
             or self.noisy is not None
             or len(self.elbo_decreases) > 0
@@ -259,6 +265,9 @@ def diagnose(
     ``sampled``: nodes whose messages' gradients are sampling estimates (DLM's bMC, uPS).
     """
     d = Diagnostics(hazards=list(hazards))
+    for name, bad in (getattr(steps, "non_finite", None) or {}).items():
+        if np.any(bad[-WINDOW:]):
+            d.non_finite_messages[name] = int(np.sum(bad))
     if steps is not None:
         for name, sizes in steps.step_sizes.items():
             if sizes.size:
@@ -266,7 +275,7 @@ def diagnose(
                 d.halvings[name] = int(np.sum(steps.halvings[name]))
                 if np.any(sizes == 0):
                     d.refused[name] = int(np.sum(sizes == 0))
-                if np.all(sizes[-WINDOW:] == 0):
+                if np.all(sizes[-WINDOW:] == 0) and name not in d.non_finite_messages:
                     d.stuck.append(name)
                 elif name in sampled and np.mean(sizes[-WINDOW:] == 0) >= 0.5:
                     d.unhelpful.append(name)
@@ -363,6 +372,17 @@ def report(d: Diagnostics, num_steps: int) -> None:
             "init_strategy=numpyro.infer.init_to_value(values={...}) near where the data put "
             "the latents, or no init_strategy (autocvi then tries three starts), or pass a "
             "larger num_samples."
+        )
+    for name, count in d.non_finite_messages.items():
+        d.messages.append(
+            f"node {name!r}: its incoming message (the expected gradient of its factors' log "
+            f"densities under q) was not finite at {count} of {num_steps} iterations, "
+            "including the last ones, so the node could not move there: a factor's log "
+            "density or its gradient overflows where q puts mass (in float32, exp of a "
+            "linear predictor above ~88: a large coefficient on a covariate with large "
+            "values). The result is wherever q was left, not a fit. Enable float64 "
+            "(jax.config.update('jax_enable_x64', True)), scale the covariates, pass a "
+            "smaller step_size, or start nearer the data (init_strategy)."
         )
     for name in d.unhelpful:
         d.messages.append(

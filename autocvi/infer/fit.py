@@ -929,10 +929,12 @@ def run_loop(
 
 
 class StepLog(NamedTuple):
-    """Per node, per iteration run: the step size taken (0: refused) and the halvings."""
+    """Per node, per iteration run: the step size taken (0: refused), the halvings, and
+    whether its incoming message was not finite (:class:`~autocvi.engine.step.CVIInfo`)."""
 
     step_sizes: dict
     halvings: dict
+    non_finite: dict = {}
 
 
 def restart_keys(rng_key, num_restarts: int):
@@ -1039,6 +1041,7 @@ class _RunLog:
     elbos: list = field(default_factory=list)
     sizes: dict = field(default_factory=dict)
     halvings: dict = field(default_factory=dict)
+    non_finite: dict = field(default_factory=dict)
     hold: int = 0
     converged: bool = False
     finished: bool = False
@@ -1047,6 +1050,7 @@ class _RunLog:
         return StepLog(
             {n: np.asarray(v, float) for n, v in self.sizes.items()},
             {n: np.asarray(v, int) for n, v in self.halvings.items()},
+            {n: np.asarray(v, bool) for n, v in self.non_finite.items()},
         )
 
 
@@ -1123,10 +1127,12 @@ def _record_chunk(log, values, done, steps, moved=None, climb_tol=None, left=Non
     # Inactive iterations report NaN; active ones a finite ELBO or -inf.
     ran = int(np.sum(~np.isnan(values)))
     log.elbos.extend(float(v) for v in values[:ran])
-    step_sizes, halvings = steps
+    step_sizes, halvings, non_finite = steps
     for n, b in step_sizes.items():
         log.sizes.setdefault(n, []).extend(np.asarray(b)[:ran].tolist())
         log.halvings.setdefault(n, []).extend(np.asarray(halvings[n])[:ran].tolist())
+    for n, bad in non_finite.items():
+        log.non_finite.setdefault(n, []).extend(np.asarray(bad)[:ran].tolist())
     log.converged = ran > 0 and bool(done[ran - 1])
     if log.converged and moved is not None:
         # The ELBO can sit on a plateau while q still drifts along it (a funnel's
@@ -1297,7 +1303,7 @@ def _chunk_runner(step, tol: float, exact: bool, subsampled: bool = False, track
     ``history`` holds the last ``2 * _WINDOW`` ELBOs across chunks; the rule is
     :func:`autocvi.infer.convergence.converged_now`, which may stop the chunk
     only after ``hold`` iterations. ``steps``: the iterations'
-    ``(step_sizes, halvings)`` per node (:class:`~autocvi.engine.step.CVIInfo`).
+    ``(step_sizes, halvings, non_finite)`` per node (:class:`~autocvi.engine.step.CVIInfo`).
     ``mean``: ``track(state)`` averaged over the chunk's iterations (None
     without ``track``).
     """
@@ -1358,7 +1364,7 @@ def _chunk_scan(step, tol: float, exact: bool, subsampled: bool, track):
             total = jax.tree_util.tree_map(
                 lambda t, x: t + jnp.where(active, x, 0.0), total, track(state)
             )
-        steps = (info.step_sizes, info.halvings)
+        steps = (info.step_sizes, info.halvings, info.non_finite)
         return (state, history, count, remaining, done, hold, total), (value, done, steps)
 
     def scan(state, history, remaining, hold, count, done, total):
