@@ -521,3 +521,72 @@ def test_a_gaussian_q_narrower_than_the_exact_posterior_warns_with_two_coordinat
     assert check.narrowest.coordinate == "mu" and check.narrowest.z_limit == SPREAD_Z_MIN
     assert check.too_narrow, check
     assert any("q is too narrow at 'mu'" in str(w.message) for w in caught)
+
+
+def _switchpoint_data():
+    rng = np.random.default_rng(12)
+    return np.concatenate([rng.poisson(3.0, 40), rng.poisson(1.0, 70)]).astype(float)
+
+
+def switchpoint(y):
+    """Coal-mining style, as users write it: a uniform Categorical switchpoint."""
+    T = y.shape[0]
+    early = numpyro.sample("early", dist.Exponential(1.0))
+    late = numpyro.sample("late", dist.Exponential(1.0))
+    tau = numpyro.sample("tau", dist.Categorical(probs=jnp.ones(T) / T))
+    rate = jnp.where(jnp.arange(T) < tau, early, late)
+    with numpyro.plate("years", T):
+        numpyro.sample("y", dist.Poisson(rate), obs=y)
+
+
+def test_a_switchpoint_whose_mean_field_q_is_too_narrow_is_flagged():
+    """Mean-field q(tau) q(early) q(late) of a Poisson switchpoint: q(tau)'s sd is 0.60
+    of the exact posterior's (enumerated below: Gamma-Poisson in closed form per tau).
+    Before, models with any discrete latent skipped the check and this fit said
+    nothing."""
+    y = _switchpoint_data()
+    T = y.size
+    # exact: Exponential(1) = Gamma(1, 1), summed over tau
+    s1 = np.r_[0.0, np.cumsum(y)[:-1]]
+    n1 = np.arange(T)
+    s2, n2 = y.sum() - s1, T - n1
+    log_w = gammaln(1 + s1) - (1 + s1) * np.log(1 + n1)
+    log_w += gammaln(1 + s2) - (1 + s2) * np.log(1 + n2)
+    w = np.exp(log_w - log_w.max())
+    w /= w.sum()
+    exact_sd = np.sqrt(w @ n1**2 - (w @ n1) ** 2)
+    with pytest.warns(FitWarning, match="'tau'.*discrete"):
+        result = autocvi.fit(switchpoint, {"y": jnp.asarray(y)}, progress_bar=False)
+    probs = np.asarray(result.posterior["tau"].probs, float)
+    q_sd = np.sqrt(probs @ n1**2 - (probs @ n1) ** 2)
+    assert q_sd / exact_sd < 0.8  # the warning is right: q is too narrow
+    assert result.diagnostics.importance is not None
+    assert result.diagnostics.importance.too_narrow
+
+
+def test_a_global_discrete_latent_that_q_gets_right_is_checked_without_a_warning():
+    """The other side of the switchpoint: a Categorical whose posterior q represents
+    exactly (it shares no factor with the continuous latent), checked and not flagged."""
+    rng = np.random.default_rng(3)
+    centres = jnp.asarray([-2.0, 0.0, 2.0])
+    y = jnp.asarray(centres[1] + rng.normal(size=4))
+    x = jnp.asarray(1.5 + rng.normal(size=30))
+
+    def model(y, x):
+        z = numpyro.sample("z", dist.Categorical(probs=jnp.ones(3) / 3))
+        m = numpyro.sample("m", dist.Normal(0.0, 10.0))
+        with numpyro.plate("ys", y.shape[0]):
+            numpyro.sample("y", dist.Normal(centres[z], 1.0), obs=y)
+        with numpyro.plate("xs", x.shape[0]):
+            numpyro.sample("x", dist.Normal(m, 1.0), obs=x)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FitWarning)
+        result = autocvi.fit(model, {"y": y, "x": x}, progress_bar=False)
+    check = result.diagnostics.importance
+    assert check is not None and not check.too_narrow and not check.misses_posterior
+    # and q(z) is the exact posterior over the three centres
+    log_post = np.array([stats.norm.logpdf(np.asarray(y), c, 1.0).sum() for c in centres])
+    exact = np.exp(log_post - log_post.max())
+    exact /= exact.sum()
+    np.testing.assert_allclose(np.asarray(result.posterior["z"].probs), exact, atol=1e-4)

@@ -48,8 +48,9 @@ the mixture's ratio reads 0.68 where NUTS says 0.63, while a q that matches NUTS
 reads about 1. The Pareto-k and ESS are those of q's own draws, as the papers define
 them. The defensive draws are skipped where the data are large (:data:`DEFENSIVE_WORK`).
 
-Skipped (no claim) for models with discrete latents (q's assignments are mean-field
-over every data point, so the ratios measure their number, not q's quality), subsampled
+Skipped (no claim) for models with plated discrete latents (q's assignments are
+mean-field over every data point, so the ratios measure their number, not q's quality;
+a single discrete latent, a switchpoint, is drawn and checked like the rest), subsampled
 plates (``p`` would need the full data), integrated conditionals, q with more than :data:`MAX_COORDINATES` coordinates, and data so large that even
 :data:`MIN_DRAWS` draws would cost more than :data:`MAX_WORK` element evaluations of the
 log joint (below that, the draws shrink from :data:`NUM_DRAWS` to fit it).
@@ -376,6 +377,9 @@ class ImportanceCheck:
     num_draws: int
     narrowest: Spread | None = None
     num_defensive: int = 0
+    # the latents with a discrete q (a Categorical switchpoint): their narrowness is
+    # mean-field's, not a Gaussian's shape (warn_importance says which)
+    discrete_sites: tuple = ()
 
     @property
     def too_narrow(self) -> bool:
@@ -468,7 +472,11 @@ def check_importance(model, data: dict, schedule, guide_of, natural, params: dic
     if (
         schedule.integrated
         or any(f.subsampled for f in schedule.factors.values())
-        or any(v.discrete for v in graph.variables.values() if not v.observed)
+        or any(
+            v.discrete and (v.plates or v.batch_shape)
+            for v in graph.variables.values()
+            if not v.observed
+        )
     ):
         return None
     latent = sum(int(np.prod(node.layout.shape)) for node in schedule.nodes.values())
@@ -496,6 +504,7 @@ def check_importance(model, data: dict, schedule, guide_of, natural, params: dic
         num_draws,
         spread_of(weights, draws, from_q),
         defensive,
+        tuple(n for n, v in graph.variables.items() if v.discrete and not v.observed),
     )
 
 
@@ -505,7 +514,24 @@ def warn_importance(check: ImportanceCheck | None):
     if check is None:
         return
     if not check.misses_posterior:
-        if check.too_narrow:
+        if check.too_narrow and check.narrowest.coordinate.split("[")[0] in check.discrete_sites:
+            n = check.narrowest
+            warnings.warn(
+                f"q is too narrow at {n.coordinate!r}: its sd there is {n.ratio:.2f} of the "
+                f"importance-weighted sd of {check.num_draws} draws from q"
+                + (f" and {check.num_defensive} from q widened" if check.num_defensive else "")
+                + f" ({n.z:.1f} standard errors). That latent is discrete and q keeps it "
+                "independent of the continuous latents (mean-field): where the posterior "
+                "couples them (a switchpoint and the rates on either side of it), q's "
+                "probabilities are too concentrated and its intervals too short. For the "
+                "exact marginal, "
+                "sum the discrete latent out of the model (a logsumexp over its values "
+                "in a numpyro.factor) or compare with enumeration. "
+                "result.diagnostics.importance holds the numbers.",
+                FitWarning,
+                stacklevel=3,
+            )
+        elif check.too_narrow:
             n = check.narrowest
             warnings.warn(
                 f"q is too narrow at {n.coordinate!r}: its sd there is {n.ratio:.2f} of the "
