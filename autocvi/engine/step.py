@@ -1143,13 +1143,19 @@ def expected_log_factor(
             f"factor {fplan.name!r} is not conjugate in {', '.join(bad)}: its expectation has "
             f"no closed form (see graph.explain({fplan.name!r}, {bad[0]!r}))."
         )
-    sets = {
+    sets = _conjugate_point_sets(fplan, layouts, mean_params, natural)
+    return expect(fplan.log_density, sets, {} if fixed is None else fixed)
+
+
+def _conjugate_point_sets(fplan, layouts, mean_params, natural, skip=None) -> dict:
+    """Every conjugate latent's moment nodes (:func:`conjugate_point_set`) but ``skip``'s."""
+    return {
         j: conjugate_point_set(
             layouts[j], mean_params[j], fplan.alignments[j], (natural or {}).get(j)
         )
         for j in fplan.latents
+        if j != skip
     }
-    return expect(fplan.log_density, sets, {} if fixed is None else fixed)
 
 
 def vmp_message(
@@ -1164,13 +1170,7 @@ def vmp_message(
     parameters (:func:`mean_parameter_gradient`).
     """
     fixed = {} if fixed is None else fixed
-    others = {
-        j: conjugate_point_set(
-            layouts[j], mean_params[j], fplan.alignments[j], (natural or {}).get(j)
-        )
-        for j in fplan.latents
-        if j != latent
-    }
+    others = _conjugate_point_sets(fplan, layouts, mean_params, natural, skip=latent)
 
     def of_set(point_set):
         return expect(fplan.log_density, {**others, latent: point_set}, fixed)
