@@ -1184,6 +1184,11 @@ def vmp_message(
     )
 
 
+# Smallest |eigenvalue| over the largest of a message's precision that _near_the_factor
+# takes for a point to evaluate at.
+_WELL_CONDITIONED = 1e-4
+
+
 def _near_the_factor(lay, message, lam_ref):
     """Where to evaluate a constant exact message to a Gaussian node a second time: the
     Gaussian the message itself is (a factor with the node as its only latent is
@@ -1201,6 +1206,12 @@ def _near_the_factor(lay, message, lam_ref):
         return lam_ref
     batch_shape = jnp.shape(lay.fam.is_valid(lam_ref))
     ok = _valid(lay.fam, message, batch_shape)
+    if lay.q_family == "MultivariateNormal":
+        # and well-conditioned: a factor that reads the node along fewer directions than
+        # it has (z ~ Normal(0.99 x, 0.14) in q(x, z)) gives a singular precision that
+        # rounding can make look definite, and no usable point
+        ev = jnp.linalg.eigvalsh(0.5 * (message[1] + jnp.swapaxes(message[1], -1, -2)))
+        ok = ok & (ev[..., -1] < -_WELL_CONDITIONED * jnp.max(jnp.abs(ev), axis=-1))
     at = jax.tree_util.tree_map(lambda g, r: _where(ok, g, r), message, lam_ref)
     # Its mean, with the spread widened to at least |m|: the nodes' offsets are then not
     # lost to the rounding of m + offset (at m = 30,000 and sd 0.1, 4% of each offset).

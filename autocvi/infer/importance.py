@@ -51,7 +51,8 @@ them. The defensive draws are skipped where the data are large (:data:`DEFENSIVE
 Skipped (no claim) for models with plated discrete latents (q's assignments are
 mean-field over every data point, so the ratios measure their number, not q's quality;
 a single discrete latent, a switchpoint, is drawn and checked like the rest), subsampled
-plates (``p`` would need the full data), integrated conditionals, q with more than :data:`MAX_COORDINATES` coordinates, and data so large that even
+plates with local latents (q holds all N, a batch's p only B; a minibatched model whose
+latents are all global is checked with p on the whole data), integrated conditionals, q with more than :data:`MAX_COORDINATES` coordinates, and data so large that even
 :data:`MIN_DRAWS` draws would cost more than :data:`MAX_WORK` element evaluations of the
 log joint (below that, the draws shrink from :data:`NUM_DRAWS` to fit it).
 """
@@ -71,7 +72,7 @@ from numpyro import handlers
 from numpyro.infer.util import log_density
 
 from ..jaxpr import structural_jit
-from ..model.trace import MaskedPlaceholder
+from ..model.trace import MaskedPlaceholder, full_plates
 from .convergence import FitWarning
 
 __all__ = [
@@ -469,9 +470,11 @@ def check_importance(model, data: dict, schedule, guide_of, natural, params: dic
     :func:`log_importance_ratios`), or None where the check does not apply (module
     docstring)."""
     graph = schedule.user_graph or schedule.graph
+    subsampled = any(f.subsampled for f in schedule.factors.values())
     if (
         schedule.integrated
-        or any(f.subsampled for f in schedule.factors.values())
+        # local latents of a subsampled plate: q holds all N of them, p a batch's
+        or (subsampled and any(node.subsample_axes for node in schedule.nodes.values()))
         or any(
             v.discrete and (v.plates or v.batch_shape)
             for v in graph.variables.values()
@@ -488,6 +491,9 @@ def check_importance(model, data: dict, schedule, guide_of, natural, params: dic
     num_draws = min(NUM_DRAWS, MAX_WORK // max(data_size, 1))
     if latent > MAX_COORDINATES or num_draws < MIN_DRAWS:
         return None
+    if subsampled:
+        # p on the whole data (the ratio q was fitted for; its minibatches estimate it)
+        model = full_plates(model)
     keep = latent <= SPREAD_MAX_COORDINATES
     # The spread's defensive draws, as many as q's, where the data are small enough.
     defensive = num_draws if keep and num_draws * data_size <= DEFENSIVE_WORK else 0

@@ -426,7 +426,11 @@ def plan(
     kwargs = {"num_samples": num_samples, "step_size": step_size, **options}
     schedule = _joint_schedule(model, data, groups, start, integrations, init_strategy, kwargs)
     free = [g for g in groups if g.name not in schedule.blocks] if precondition else []
-    minibatched = any(f.subsampled for f in schedule.factors.values())
+    # (ELBO only: a minibatched log-loss DLM fit in float32 from the mode's whitened
+    # coordinates had a non-finite objective at every iteration)
+    minibatched = schedule.objective.is_elbo and any(
+        f.subsampled for f in schedule.factors.values()
+    )
     conditioned = {g.name: g for g in precondition_groups(model, data, free, start, minibatched)}
     chosen = [conditioned.get(g.name, g) for g in groups]
     if any(g.affine is not None for g in chosen):
