@@ -429,10 +429,11 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             lam_ref = lay.reference_natural(ref_key)
             mu_ref = lay.fam.natural_to_mean(lam_ref)
             g = exact_message(factors[fname], i, {}, {i: mu_ref}, ref_key, fixed)
-            lam_at = _near_the_factor(lay, g, lam_ref)
-            if lam_at is not lam_ref:
+            if _is_gaussian(lay):
+                lam_at, ok = _near_the_factor(lay, g, lam_ref)
                 mu_at = lay.fam.natural_to_mean(lam_at)
-                g = exact_message(factors[fname], i, {i: lam_at}, {i: mu_at}, ref_key, fixed)
+                again = exact_message(factors[fname], i, {i: lam_at}, {i: mu_at}, ref_key, fixed)
+                g = jax.tree_util.tree_map(lambda a, b, ok=ok: _where(ok, a, b), again, g)
             out[f"{fname}->{i}"] = g
         return out
 
@@ -447,11 +448,9 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         out = {}
         for i, fname in affine_factors:
             lay = layouts[i]
-            g = messages[f"{fname}->{i}"]
-            # c at the same point as the message (affine: any point gives the same c, but
-            # far from the factor's bulk E_q[log f] is a large number rounded)
-            lam_ref = _near_the_factor(lay, g, lay.reference_natural(ref_key))
+            lam_ref = lay.reference_natural(ref_key)
             mu_ref = lay.fam.natural_to_mean(lam_ref)
+            g = messages[f"{fname}->{i}"]
             value = factor_term(factors[fname], {i: lam_ref}, {i: mu_ref}, ref_key, fixed)
             c = value - _pairing(g, mu_ref)
             if i in out:
@@ -1193,8 +1192,8 @@ def _near_the_factor(lay, message, lam_ref):
     """Where to evaluate a constant exact message to a Gaussian node a second time: the
     Gaussian the message itself is (a factor with the node as its only latent is
     quadratic in it, so the message is the same at every point, in exact arithmetic),
-    elementwise where that is a valid Gaussian, else ``lam_ref``. Other families:
-    ``lam_ref`` itself.
+    elementwise where that is a valid Gaussian, else ``lam_ref``; and where it was valid
+    (``(lam_at, ok)``: only there is the second evaluation used).
 
     In float32 the point matters. The moment nodes sit at ``m +- s``, and the message's
     second-order part is the difference of the factor's gradient at them: at a reference
@@ -1202,8 +1201,6 @@ def _near_the_factor(lay, message, lam_ref):
     out of gradients of 300, and the precision came out 5.5e-4 off, the mean 1.65
     posterior sd off. At the message's own mean the gradients at the nodes are
     opposite, and their difference exact to rounding."""
-    if not _is_gaussian(lay):
-        return lam_ref
     batch_shape = jnp.shape(lay.fam.is_valid(lam_ref))
     ok = _valid(lay.fam, message, batch_shape)
     if lay.q_family == "MultivariateNormal":
@@ -1218,8 +1215,8 @@ def _near_the_factor(lay, message, lam_ref):
     m, cov = gaussian_moments(at, lay.q_family)
     if lay.q_family == "MultivariateNormal":
         outer = jnp.einsum("...i,...j->...ij", m, m)
-        return lay.fam.mean_to_natural((m, cov + 2.0 * outer))
-    return lay.fam.mean_to_natural((m, cov + 2.0 * m * m))
+        return lay.fam.mean_to_natural((m, cov + 2.0 * outer)), ok
+    return lay.fam.mean_to_natural((m, cov + 2.0 * m * m)), ok
 
 
 def _is_gaussian(lay) -> bool:
