@@ -514,43 +514,39 @@ def check_importance(model, data: dict, schedule, guide_of, natural, params: dic
     )
 
 
+# Why a coordinate is too narrow, by its kind (warn_importance).
+_GAUSSIAN_NARROW = (
+    "The posterior is not Gaussian in that latent's unconstrained coordinate (typically a "
+    "hierarchy's scale, or a skewed or bounded latent): its intervals from q are too short, "
+    "and the latents coupled to it may be off too. Compare with NUTS, or try the other "
+    "parameterisation of a hierarchy (non-centred where the data say little about each "
+    "group, centred where they say much)."
+)
+_DISCRETE_NARROW = (
+    "That latent is discrete and q keeps it independent of the continuous latents "
+    "(mean-field): where the posterior couples them (a switchpoint and the rates on either "
+    "side of it), q's probabilities are too concentrated and its intervals too short. For "
+    "the exact marginal, sum the discrete latent out of the model (a logsumexp over its "
+    "values in a numpyro.factor) or compare with enumeration."
+)
+
+
 def warn_importance(check: ImportanceCheck | None):
     """A :class:`FitWarning` when ``check`` says q misses posterior mass, or (else) that
     q is too narrow at some coordinate."""
     if check is None:
         return
     if not check.misses_posterior:
-        if check.too_narrow and check.narrowest.coordinate.split("[")[0] in check.discrete_sites:
+        if check.too_narrow:
             n = check.narrowest
-            warnings.warn(
-                f"q is too narrow at {n.coordinate!r}: its sd there is {n.ratio:.2f} of the "
-                f"importance-weighted sd of {check.num_draws} draws from q"
-                + (f" and {check.num_defensive} from q widened" if check.num_defensive else "")
-                + f" ({n.z:.1f} standard errors). That latent is discrete and q keeps it "
-                "independent of the continuous latents (mean-field): where the posterior "
-                "couples them (a switchpoint and the rates on either side of it), q's "
-                "probabilities are too concentrated and its intervals too short. For the "
-                "exact marginal, "
-                "sum the discrete latent out of the model (a logsumexp over its values "
-                "in a numpyro.factor) or compare with enumeration. "
-                "result.diagnostics.importance holds the numbers.",
-                FitWarning,
-                stacklevel=3,
-            )
-        elif check.too_narrow:
-            n = check.narrowest
+            discrete = n.coordinate.split("[")[0] in check.discrete_sites
             warnings.warn(
                 f"q is too narrow at {n.coordinate!r}: its sd there is {n.ratio:.2f} of the "
                 f"importance-weighted sd of {check.num_draws} draws from q"
                 + (f" and {check.num_defensive} from q widened" if check.num_defensive else "")
                 + f" ({n.z:.1f} standard errors; the posterior may be wider still). "
-                "The posterior is not Gaussian in that "
-                "latent's unconstrained coordinate (typically a hierarchy's scale, or a "
-                "skewed or bounded latent): its intervals from q are too short, and the "
-                "latents coupled to it may be off too. Compare with NUTS, or try the other "
-                "parameterisation of a hierarchy (non-centred where the data say little "
-                "about each group, centred where they say much). "
-                "result.diagnostics.importance holds the numbers.",
+                + (_DISCRETE_NARROW if discrete else _GAUSSIAN_NARROW)
+                + " result.diagnostics.importance holds the numbers.",
                 FitWarning,
                 stacklevel=3,
             )
