@@ -296,3 +296,49 @@ def test_a_start_far_below_the_counts_is_left_in_the_first_steps():
     assert np.max(np.abs(mean - ref_mean) / ref_sd) < 0.25
     # a Gaussian q on log s is narrower than s's skewed posterior: 0.85 of NUTS's sd
     assert np.all(np.abs(np.sqrt(var) / ref_sd - 1) < 0.2)
+
+
+def test_a_fit_that_leaves_a_non_finite_start_is_not_called_untrustworthy():
+    """A Beta regression on an uncentred covariate (x ~ 20 +- 2), as users write it: at
+    the start sigmoid(a + b x) saturates in float32, the Beta's log density is -inf, and
+    the first two ELBOs are not finite; the line search takes the first finite step and
+    the fit goes on to the posterior. Before, any non-finite ELBO made the fit
+    untrustworthy, with advice to look for NaN in the data. Oracle: the MAP of (a, b)
+    in float64 (scipy), and q's importance ratios."""
+    from scipy.optimize import minimize
+    from scipy.special import expit, gammaln
+
+    rng = np.random.default_rng(21)
+    x = 20 + 2 * rng.normal(size=200)
+    mu = expit(-6.0 + 0.3 * x)
+    y = np.clip(rng.beta(mu * 15, (1 - mu) * 15), 1e-4, 1 - 1e-4)
+
+    def model(x, y=None):
+        a = numpyro.sample("a", dist.Normal(0.0, 10.0))
+        b = numpyro.sample("b", dist.Normal(0.0, 2.0))
+        kappa = numpyro.sample("kappa", dist.Gamma(2.0, 0.1))
+        m = jax.nn.sigmoid(a + b * x)
+        with numpyro.plate("N", x.shape[0]):
+            numpyro.sample("y", dist.Beta(m * kappa, (1 - m) * kappa), obs=y)
+
+    def negative_log_joint(v):
+        a, b, log_kappa = v
+        kappa, m = np.exp(log_kappa), expit(a + b * x)
+        p, q = m * kappa, (1 - m) * kappa
+        lik = gammaln(kappa) - gammaln(p) - gammaln(q) + (p - 1) * np.log(y)
+        lik = lik + (q - 1) * np.log1p(-y)
+        prior = -0.5 * (a / 10.0) ** 2 - 0.5 * (b / 2.0) ** 2 + 2.0 * log_kappa - 0.1 * kappa
+        return -(lik.sum() + prior)
+
+    mode = minimize(negative_log_joint, np.array([-6.0, 0.3, np.log(15.0)]), method="BFGS")
+    data = {"x": jnp.asarray(x, jnp.float32), "y": jnp.asarray(y, jnp.float32)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FitWarning)
+        result = autocvi.fit(model, data, progress_bar=False)
+    d = result.diagnostics
+    assert d.non_finite_elbo[:1] == [0] and not d.late_non_finite_elbo  # the case at hand
+    assert result.converged
+    sd = np.sqrt(np.diag(mode.hess_inv))[:2]
+    got = np.array([float(result.posterior["a"].mean), float(result.posterior["b"].mean)])
+    assert np.all(np.abs(got - mode.x[:2]) / sd < 0.3)
+    assert d.importance.ess > 0.5

@@ -174,6 +174,12 @@ class Diagnostics:
 
     Attributes:
         non_finite_elbo: iterations (0-based) whose ELBO was NaN or infinite.
+        late_non_finite_elbo: those of them among the last ``2 * WINDOW`` iterations; only
+            these make the fit untrustworthy. Earlier ones are a start where the model's
+            density was not finite (a saturated link at the prior's centre), which the
+            line search left on the first finite step: a Beta regression on an uncentred
+            covariate had -inf at its first two iterations, then reached NUTS's posterior
+            to 0.04 sd, and was called not converged with advice to look for NaN data.
         elbo_decreases: for deterministic schedules, iterations whose ELBO fell
             by more than rounding (a safeguarded deterministic schedule never
             does; each one points at an unsafeguarded message).
@@ -210,6 +216,7 @@ class Diagnostics:
     """
 
     non_finite_elbo: list = field(default_factory=list)
+    late_non_finite_elbo: list = field(default_factory=list)
     elbo_decreases: list = field(default_factory=list)
     non_finite: list = field(default_factory=list)
     collapsed: list = field(default_factory=list)
@@ -233,7 +240,7 @@ class Diagnostics:
     @property
     def trustworthy(self) -> bool:
         return not (
-            self.non_finite_elbo
+            self.late_non_finite_elbo
             or self.non_finite
             or self.collapsed
             or self.frozen
@@ -281,6 +288,7 @@ def diagnose(
                     d.unhelpful.append(name)
     elbo = np.asarray(elbo, dtype=float)
     d.non_finite_elbo = [int(i) for i in np.flatnonzero(~np.isfinite(elbo))]
+    d.late_non_finite_elbo = [i for i in d.non_finite_elbo if i >= elbo.size - 2 * WINDOW]
     if deterministic and elbo.size > 1:
         finite = np.isfinite(elbo[:-1]) & np.isfinite(elbo[1:])
         slack = 1e-5 * (1.0 + np.abs(elbo[1:]))
@@ -336,7 +344,7 @@ def diagnose_schedule(schedule, elbo, initial_natural, natural, deterministic, s
 
 def report(d: Diagnostics, num_steps: int) -> None:
     """Fill ``d.messages`` and issue one :class:`FitWarning` per problem."""
-    if d.non_finite_elbo:
+    if d.late_non_finite_elbo:
         first = d.non_finite_elbo[0]
         d.messages.append(
             f"the ELBO was not finite at {len(d.non_finite_elbo)} of {num_steps} iterations "
