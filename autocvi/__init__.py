@@ -12,6 +12,7 @@ from . import datasets
 from .analysis import trace
 from .analysis.conjugacy import EdgeVerdict, classify_edge
 from .analysis.objectives import DLM, ELBO, BetaELBO, Objective
+from .analysis.unrolled import PerformanceWarning
 from .blocks import BlockPosterior
 from .engine import CVIInfo, CVIState, cvi
 from .infer import (
@@ -70,6 +71,7 @@ __all__ = [
     "FitResult",
     "IllConditionedError",
     "FitWarning",
+    "PerformanceWarning",
     "Diagnostics",
     "ImportanceCheck",
     "Schedule",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -49,6 +50,7 @@ from ..analysis.layout import LatentLayout
 from ..analysis.leaves import describe_leaves, find_leaves, hold_sites
 from ..analysis.linear_predictor import find_linear_predictor, find_vector_predictor
 from ..analysis.objectives import Objective, as_objective, expected_log_likelihood
+from ..analysis.unrolled import PerformanceWarning, describe_unrolled, find_unrolled
 from ..blocks.gaussian_block import find_block
 from ..jaxpr import dce, structural_jit
 from ..model.graph import EdgeInfo, FactorGraph, PlateInfo, _format_table
@@ -368,6 +370,10 @@ def plan(
     precondition = options.pop("precondition", True)
     joint_sites = tuple(options.pop("joint_sites", ()))
     user_graph = graph = trace(model, data, init_strategy=init_strategy)
+    # Told before anything is compiled: a Python loop of sites compiles for minutes.
+    unrolled = find_unrolled(graph)
+    if unrolled:
+        warnings.warn(describe_unrolled(unrolled), PerformanceWarning, stacklevel=2)
     # Latents nothing else reads are held at their prior conditional, out of the fit.
     leaves = find_leaves(graph)
     fitted_model = None
@@ -393,6 +399,7 @@ def plan(
             groups, notes = find_joint_groups(graph, latent_layouts(graph), joint_sites=joint_sites)
     leaf_notes = [describe_leaves(leaves)] if leaves else []
     notes = [*leaf_notes, *notes, *(it.describe() for it in integrations)]
+    notes += [describe_unrolled(unrolled)] if unrolled else []
     fired = [it for it in integrations if it.fires]
     layouts = latent_layouts(fitted_graph)
     hazards = tuple(mean_field_hazards(fitted_graph, layouts, fired, groups))
