@@ -590,3 +590,36 @@ def test_a_global_discrete_latent_that_q_gets_right_is_checked_without_a_warning
     exact = np.exp(log_post - log_post.max())
     exact /= exact.sum()
     np.testing.assert_allclose(np.asarray(result.posterior["z"].probs), exact, atol=1e-4)
+
+
+def _truncated_prior(y):
+    """A mean known to be positive, as a user writes it: a TruncatedNormal prior."""
+    mu = numpyro.sample("mu", dist.TruncatedNormal(0.0, 1.0, low=0.0))
+    with numpyro.plate("n", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+@pytest.mark.parametrize("n, ybar", [(100, -0.5), (10, -1.0), (30, 1.5)])
+def test_q_too_wide_against_a_bound_is_flagged_and_only_there(n, ybar):
+    """The exact posterior is Normal(n ybar / (n + 1), 1 / (n + 1)) truncated at 0
+    (scipy's truncnorm). Where the data pull the mean below the bound, the posterior
+    piles against 0 and q, a Gaussian in log mu, is 1.2-1.3x its sd (no warning used
+    to say so): the fit warns that q is too wide at 'mu', and is right to. Where the
+    posterior sits well above 0, q matches it and nothing warns."""
+    e = np.random.RandomState(0).normal(size=n)
+    y = (e - e.mean()) / e.std() + ybar
+    loc, scale = n * ybar / (n + 1), 1.0 / np.sqrt(n + 1)
+    exact = stats.truncnorm(-loc / scale, np.inf, loc, scale)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = autocvi.fit(_truncated_prior, {"y": y}, progress_bar=False)
+    wide = [str(w.message) for w in caught if "q is too wide at 'mu'" in str(w.message)]
+    q_sd = float(np.asarray(result.sample(jax.random.PRNGKey(1), 20000)["mu"]).std())
+    check = result.diagnostics.importance
+    if ybar < 0:
+        assert q_sd / exact.std() > 1.2  # the warning is deserved
+        assert check.too_wide and check.widest.coordinate == "mu" and len(wide) == 1
+    else:
+        assert q_sd / exact.std() == pytest.approx(1.0, abs=0.05)
+        assert not check.too_wide and not wide
+    assert not check.too_narrow and not check.misses_posterior

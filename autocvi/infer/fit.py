@@ -202,6 +202,9 @@ class FitResult:
                 else f"q too narrow at {check.narrowest.coordinate!r} "
                 f"(sd {check.narrowest.ratio:.2f} of the importance-weighted)"
                 if check.too_narrow
+                else f"q too wide at {check.widest.coordinate!r} "
+                f"(sd {check.widest.ratio:.2f} times the importance-weighted)"
+                if check.too_wide
                 else "no sign of a miss"
             )
             head += (

@@ -36,6 +36,11 @@ log-variance difference. ``fit`` warns when the weighted sd is wider by more tha
 coordinates, up to :data:`SPREAD_Z` with hundreds: a Bonferroni bound; ``narrowest`` names the
 coordinate).
 
+The same per-coordinate spread also reads the other way (:attr:`ImportanceCheck.too_wide`,
+above :data:`WIDE_LIMIT`): a Gaussian q in the unconstrained coordinate of a latent whose
+posterior piles against its support's edge (a truncated prior's bound) is 1.2-1.3x the
+exact sd, and weighting is reliable in that direction.
+
 Weighting cannot recover mass q never draws: with q's own draws the ratio understates a
 miss (0.86 where NUTS says 0.63, on the ordered means of a Gaussian mixture). The spread
 therefore also draws from a defensive proposal (Hesterberg, "Weighted average importance
@@ -87,6 +92,8 @@ __all__ = [
     "ESS_LIMIT",
     "NUM_DRAWS",
     "SPREAD_LIMIT",
+    "WIDE_LIMIT",
+    "spreads_of",
     "SPREAD_Z",
     "spread_of",
     "spread_z_limit",
@@ -114,6 +121,9 @@ MAX_COORDINATES = 5000
 # 0.23-0.84 (a Gamma hierarchy's alpha, sd 0.81 of NUTS's: 0.81-0.86, which the
 # earlier limit of 0.85, set for q's own draws, let pass with fit's key).
 SPREAD_LIMIT = 0.87
+# fit warns when q's sd at some coordinate is above WIDE_LIMIT times the importance-
+# weighted sd, at the same z (the other direction): see ImportanceCheck.too_wide.
+WIDE_LIMIT = 1.2
 SPREAD_Z = 4.0
 # The z limit depends on how many coordinates the narrowest is chosen from: Bonferroni at
 # a family-wise false-alarm rate of SPREAD_ALPHA, z >= Phi^-1(1 - SPREAD_ALPHA / d),
@@ -381,6 +391,8 @@ class ImportanceCheck:
     # the latents with a discrete q (a Categorical switchpoint): their narrowness is
     # mean-field's, not a Gaussian's shape (warn_importance says which)
     discrete_sites: tuple = ()
+    # where q is widest against the weighted draws (its z negative)
+    widest: Spread | None = None
 
     @property
     def too_narrow(self) -> bool:
@@ -388,6 +400,15 @@ class ImportanceCheck:
         sd, significantly (``narrowest.z_limit`` standard errors)."""
         n = self.narrowest
         return bool(n is not None and n.ratio < SPREAD_LIMIT and n.z >= n.z_limit)
+
+    @property
+    def too_wide(self) -> bool:
+        """q's sd at some coordinate is above ``WIDE_LIMIT`` times the importance-weighted
+        sd, significantly (``widest.z_limit`` standard errors). Weighting is reliable in
+        this direction (q covers the posterior): a Gaussian q of a latent whose posterior
+        piles against its support's edge."""
+        w = self.widest
+        return bool(w is not None and w.ratio > WIDE_LIMIT and -w.z >= w.z_limit)
 
     @property
     def misses_posterior(self) -> bool:
@@ -410,10 +431,16 @@ def effective_sample_fraction(log_ratios) -> float:
 
 
 def spread_of(log_ratios, draws: dict, from_q=None) -> Spread | None:
-    """The coordinate of ``draws`` (site -> ``(S, *shape)``) where q's sd is smallest
-    against the importance-weighted sd, among those that differ by
-    :func:`spread_z_limit` standard errors or more (else the smallest ratio overall);
-    None without draws.
+    """The narrowest of :func:`spreads_of`."""
+    return spreads_of(log_ratios, draws, from_q)[0]
+
+
+def spreads_of(log_ratios, draws: dict, from_q=None) -> tuple[Spread | None, Spread | None]:
+    """``(narrowest, widest)``: the coordinates of ``draws`` (site -> ``(S, *shape)``)
+    where q's sd is smallest and largest against the importance-weighted sd, each among
+    those that differ by :func:`spread_z_limit` standard errors or more in its direction
+    (else the smallest, or largest, ratio overall); Nones without draws. A widest's ``z``
+    is negative (the weighted variance is the smaller).
 
     ``log_ratios``: ``log p - log g`` of each draw under the density g it was drawn
     from; ``from_q``: which draws are q's own (all when None, g = q). q's variance is
@@ -430,7 +457,7 @@ def spread_of(log_ratios, draws: dict, from_q=None) -> Spread | None:
     finite = np.isfinite(lr)
     from_q = np.ones(lr.shape, bool) if from_q is None else np.asarray(from_q, bool)
     if not draws or finite.sum() < 25 or (finite & from_q).sum() < 25:
-        return None
+        return None, None
     labels, columns = [], []
     for name in sorted(draws):
         x = np.asarray(draws[name], np.float64)
@@ -440,11 +467,17 @@ def spread_of(log_ratios, draws: dict, from_q=None) -> Spread | None:
     x, lr, own = np.concatenate(columns, axis=1), lr[finite], from_q[finite]
     ratio, z = _ratio_and_z(x, lr, own)
     if not np.isfinite(ratio).any():
-        return None
+        return None, None
     z_limit = spread_z_limit(len(labels))
-    significant = np.isfinite(ratio) & (z >= z_limit)
-    i = int(np.argmin(np.where(significant, ratio, np.inf) if significant.any() else ratio))
-    return Spread(labels[i].replace(" ", ""), float(ratio[i]), float(z[i]), z_limit)
+    finite = np.isfinite(ratio)
+
+    def pick(sign):  # sign 1: the narrowest, -1: the widest
+        significant = finite & (sign * z >= z_limit)
+        pool = significant if significant.any() else finite
+        i = int(np.argmin(np.where(pool, sign * ratio, np.inf)))
+        return Spread(labels[i].replace(" ", ""), float(ratio[i]), float(z[i]), z_limit)
+
+    return pick(1.0), pick(-1.0)
 
 
 def _ratio_and_z(x, log_ratios, own):
@@ -504,13 +537,15 @@ def check_importance(model, data: dict, schedule, guide_of, natural, params: dic
     except Exception:  # noqa: BLE001 - a q or model numpyro cannot evaluate so: no claim
         return None
     from_q = np.arange(num_draws + defensive) < num_draws
+    narrowest, widest = spreads_of(weights, draws, from_q)
     return ImportanceCheck(
         pareto_k(ratios),
         effective_sample_fraction(ratios),
         num_draws,
-        spread_of(weights, draws, from_q),
+        narrowest,
         defensive,
         tuple(n for n, v in graph.variables.items() if v.discrete and not v.observed),
+        widest,
     )
 
 
@@ -521,6 +556,13 @@ _GAUSSIAN_NARROW = (
     "and the latents coupled to it may be off too. Compare with NUTS, or try the other "
     "parameterisation of a hierarchy (non-centred where the data say little about each "
     "group, centred where they say much)."
+)
+_GAUSSIAN_WIDE = (
+    "The posterior is not Gaussian in that latent's unconstrained coordinate (typically a "
+    "latent whose posterior piles against the edge of its support, a scale near zero or a "
+    "truncated prior's bound): q's intervals there are too long and its mean may lean "
+    "into the long tail. Compare with NUTS, or reparameterise that latent so that its "
+    "posterior is nearer a Gaussian in the unconstrained space."
 )
 _DISCRETE_NARROW = (
     "That latent is discrete and q keeps it independent of the continuous latents "
@@ -533,7 +575,7 @@ _DISCRETE_NARROW = (
 
 def warn_importance(check: ImportanceCheck | None):
     """A :class:`FitWarning` when ``check`` says q misses posterior mass, or (else) that
-    q is too narrow at some coordinate."""
+    q is too narrow at some coordinate, or (else) too wide at one."""
     if check is None:
         return
     if not check.misses_posterior:
@@ -546,6 +588,18 @@ def warn_importance(check: ImportanceCheck | None):
                 + (f" and {check.num_defensive} from q widened" if check.num_defensive else "")
                 + f" ({n.z:.1f} standard errors; the posterior may be wider still). "
                 + (_DISCRETE_NARROW if discrete else _GAUSSIAN_NARROW)
+                + " result.diagnostics.importance holds the numbers.",
+                FitWarning,
+                stacklevel=3,
+            )
+        elif check.too_wide:
+            w = check.widest
+            warnings.warn(
+                f"q is too wide at {w.coordinate!r}: its sd there is {w.ratio:.2f} times the "
+                f"importance-weighted sd of {check.num_draws} draws from q"
+                + (f" and {check.num_defensive} from q widened" if check.num_defensive else "")
+                + f" ({-w.z:.1f} standard errors). "
+                + _GAUSSIAN_WIDE
                 + " result.diagnostics.importance holds the numbers.",
                 FitWarning,
                 stacklevel=3,
