@@ -131,6 +131,10 @@ class CVIAlgorithm(NamedTuple):
     # message at the state's params), computed once
     # per M-step and passed to every evaluation of its bound.
     held_sites: callable = None
+    # ``elbo_terms(state, rng_key) -> {name: value}``: the ELBO's terms one by one (each
+    # factor's expected log density, each block's ELBO, each node's entropy), to name
+    # the one that is not finite when the ELBO is not.
+    elbo_terms: callable = None
 
 
 def cvi(schedule: Schedule) -> CVIAlgorithm:
@@ -885,7 +889,22 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         lam = {n: _gather(nodes[n], lam_n, indices) for n, lam_n in state.natural.items()}
         return elbo(lam, elbo_key, fixed, state.constant_terms)
 
-    return CVIAlgorithm(init, step, elbo_at, move_params, held_sites)
+    def elbo_terms(state: CVIState, rng_key) -> dict:
+        plate_key, key = jax.random.split(rng_key)
+        fixed = {**params, **state.params, **plate_indices(plate_key)}
+        lam = state.natural
+        mus = {j: layouts[j].fam.natural_to_mean(lam[j]) for j in lam if j not in blocks}
+        terms = {name: block.elbo(lam[name]) for name, block in blocks.items()}
+        for fplan in factors.values():
+            if fplan.name not in block_factors and fplan.name not in affine_names:
+                key, sub = jax.random.split(key)
+                terms[fplan.name] = factor_term(fplan, lam, mus, sub, fixed)
+        for j in lam:
+            if j not in blocks:
+                terms[f"entropy of {j}"] = jnp.sum(layouts[j].fam.entropy(lam[j]))
+        return terms
+
+    return CVIAlgorithm(init, step, elbo_at, move_params, held_sites, elbo_terms)
 
 
 def _predictor_moments(fplan: FactorPlan, lay, node: str, lam, fixed):

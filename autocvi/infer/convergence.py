@@ -174,6 +174,9 @@ class Diagnostics:
 
     Attributes:
         non_finite_elbo: iterations (0-based) whose ELBO was NaN or infinite.
+        non_finite_terms: the ELBO's terms (a factor's expected log density, with its kind,
+            site and distribution; a node's entropy) that are not finite at the final q,
+            when late ones were not: where the fit broke, named in the warning.
         late_non_finite_elbo: those of them among the last ``2 * WINDOW`` iterations; only
             these make the fit untrustworthy. Earlier ones are a start where the model's
             density was not finite (a saturated link at the prior's centre), which the
@@ -217,6 +220,9 @@ class Diagnostics:
 
     non_finite_elbo: list = field(default_factory=list)
     late_non_finite_elbo: list = field(default_factory=list)
+    # the ELBO's terms (factors, with what they are) not finite at the final q, when
+    # the ELBO was not finite at the end
+    non_finite_terms: list = field(default_factory=list)
     elbo_decreases: list = field(default_factory=list)
     non_finite: list = field(default_factory=list)
     collapsed: list = field(default_factory=list)
@@ -346,11 +352,26 @@ def report(d: Diagnostics, num_steps: int) -> None:
     """Fill ``d.messages`` and issue one :class:`FitWarning` per problem."""
     if d.late_non_finite_elbo:
         first = d.non_finite_elbo[0]
-        d.messages.append(
+        head = (
             f"the ELBO was not finite at {len(d.non_finite_elbo)} of {num_steps} iterations "
-            f"(first at iteration {first}); the result is not a converged fit. Check the "
-            "observations for NaN (use obs_mask for missing values) and the priors' supports."
+            f"(first at iteration {first}); the result is not a converged fit."
         )
+        if d.non_finite_terms:
+            d.messages.append(
+                f"{head} At the final q these of its terms are not finite: "
+                f"{'; '.join(d.non_finite_terms)}. Either that site's data hold NaN (use "
+                "obs_mask for missing values), or q puts mass where its density (or the map "
+                "to its support) overflows or underflows: in float32, a simplex weight or a "
+                "positive latent rounded to 0 where the density is unbounded (a Dirichlet or "
+                "Beta concentration below 1, a Gamma shape below 1), or exp of a large "
+                "predictor. Enable float64 (jax.config.update('jax_enable_x64', True)), or "
+                "give that site a prior whose density is bounded there."
+            )
+        else:
+            d.messages.append(
+                f"{head} Check the observations for NaN (use obs_mask for missing values) "
+                "and the priors' supports."
+            )
     if d.elbo_decreases:
         d.messages.append(
             f"the ELBO decreased at {len(d.elbo_decreases)} iterations of a deterministic "

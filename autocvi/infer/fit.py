@@ -597,6 +597,10 @@ def _fit_once(
     diagnostics = diagnose_schedule(
         schedule, elbos, initial, state.natural, exact, subsampled, steps
     )
+    if diagnostics.late_non_finite_elbo:
+        diagnostics.non_finite_terms = _non_finite_terms(
+            algorithm, schedule, state, jax.random.fold_in(rng_key, 11)
+        )
     if trace is not None:
         trace.excuse_boundaries(diagnostics, elbos)
     report(diagnostics, elbos.size)
@@ -650,6 +654,36 @@ def _fit_once(
         rng_key,
         check,
     )
+
+
+def _non_finite_terms(algorithm, schedule: Schedule, state, rng_key) -> list[str]:
+    """The ELBO's terms that are not finite at ``state`` (``CVIAlgorithm.elbo_terms``),
+    each factor named with its kind, site and distribution: where a fit whose ELBO stayed
+    non-finite broke. [] when every term is finite or they cannot be evaluated."""
+    if algorithm.elbo_terms is None:
+        return []
+    try:
+        terms = structural_jit(algorithm.elbo_terms, runs_once=True)(state, rng_key)
+    except Exception:  # noqa: BLE001 - a diagnosis only: the warning falls back to its hint
+        return []
+    factors = schedule.graph.factors
+    members = {m for g in schedule.joint for m in g.member_names}
+    jacobians = {f"{g.name}:log|J|": g.name for g in schedule.joint}
+    out = []
+    for name, value in terms.items():
+        if np.isfinite(np.asarray(value)).all():
+            continue
+        f = factors.get(name)
+        if name in jacobians:
+            what = f"the log-Jacobian of {jacobians[name]}'s map to its members' supports"
+        elif f is not None and f.site in members:  # a joint group's member: its prior
+            what = f"the prior of {f.site!r} ({f.distribution})"
+        elif f is not None:
+            what = f"the {f.kind} of {f.site!r} ({f.distribution})"
+        else:
+            what = name
+        out.append(f"{what}: {float(value)}")
+    return out
 
 
 def _finished(
