@@ -371,6 +371,8 @@ def test_a_non_finite_elbo_names_the_term_that_broke_it():
     (message,) = [str(w.message) for w in caught if "ELBO was not finite" in str(w.message)]
     assert "the prior of 'w' (Dirichlet)" in message
     assert "Dirichlet or Beta concentration below 1" in message and "float64" in message
+    node = [str(w.message) for w in caught if "incoming message" in str(w.message)]
+    assert all("the terms the ELBO's warning names" in m for m in node), node
     terms = result.diagnostics.non_finite_terms
     assert any(t.startswith("the prior of 'w' (Dirichlet)") for t in terms), terms
     draws = result.sample(jax.random.PRNGKey(0), 2000)["w"]

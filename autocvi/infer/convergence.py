@@ -403,13 +403,18 @@ def report(d: Diagnostics, num_steps: int) -> None:
             "larger num_samples."
         )
     for name, count in d.non_finite_messages.items():
+        cause = (
+            "the terms the ELBO's warning names"
+            if d.non_finite_terms
+            else "in float32, exp of a linear predictor above ~88: a large coefficient on a "
+            "covariate with large values"
+        )
         d.messages.append(
             f"node {name!r}: its incoming message (the expected gradient of its factors' log "
             f"densities under q) was not finite at {count} of {num_steps} iterations, "
             "including the last ones, so the node could not move there: a factor's log "
-            "density or its gradient overflows where q puts mass (in float32, exp of a "
-            "linear predictor above ~88: a large coefficient on a covariate with large "
-            "values). The result is wherever q was left, not a fit. Enable float64 "
+            f"density or its gradient overflows where q puts mass ({cause}). The result is "
+            "wherever q was left, not a fit. Enable float64 "
             "(jax.config.update('jax_enable_x64', True)), scale the covariates, pass a "
             "smaller step_size, or start nearer the data (init_strategy)."
         )
