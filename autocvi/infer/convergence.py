@@ -174,9 +174,10 @@ class Diagnostics:
 
     Attributes:
         non_finite_elbo: iterations (0-based) whose ELBO was NaN or infinite.
-        non_finite_terms: the ELBO's terms (a factor's expected log density, with its kind,
-            site and distribution; a node's entropy) that are not finite at the final q,
-            when late ones were not: where the fit broke, named in the warning.
+        non_finite_terms: when the last ELBOs were not finite, the ELBO's terms that are
+            not finite at the final q (a factor's expected log density, named with its
+            kind, site and distribution; a block's ELBO; a node's entropy): where the fit
+            broke, named in the warning.
         late_non_finite_elbo: those of them among the last ``2 * WINDOW`` iterations; only
             these make the fit untrustworthy. Earlier ones are a start where the model's
             density was not finite (a saturated link at the prior's centre), which the
