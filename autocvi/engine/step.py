@@ -492,17 +492,16 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             jax.vmap(lambda s: expectation(fplan, tensor, drawn, fixed, s))(jnp.arange(num_samples))
         )
 
-    def elbo(lam, key, fixed, terms, block_elbos=None, only=None):
-        """The ELBO at ``lam``; with ``only`` (a node), just the terms that change
-        with that node (its factors and its entropy), for the step's line search.
-        ``terms``: the state's ``constant_terms``, which stand for ``affine_factors``."""
+    def elbo_parts(lam, key, fixed, terms, block_elbos=None, only=None) -> list:
+        """The ELBO's terms at ``lam`` in the order :func:`elbo` adds them, as ``(name,
+        value)``: each block's ELBO, each factor's expected log density, each node's
+        constant-term pairing and entropy (arguments as :func:`elbo`)."""
         mus = {j: layouts[j].fam.natural_to_mean(lam[j]) for j in lam if j not in blocks}
+        parts = []
         if only is None:
             # A block's factors touch no other latent: its term is the one its update returned.
             block_elbos = block_elbos or {j: block.elbo(lam[j]) for j, block in blocks.items()}
-            total = sum(block_elbos.values())
-        else:
-            total = 0.0
+            parts += list(block_elbos.items())
         for fplan in factors.values():
             if fplan.name in block_factors or (only is not None and only not in fplan.latents):
                 continue
@@ -511,17 +510,30 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             key, sub = jax.random.split(key)
             if fplan.name in affine_names:
                 continue  # in ``terms`` (constant_terms)
-            total = total + factor_term(fplan, lam, mus, sub, fixed)
+            parts.append((fplan.name, factor_term(fplan, lam, mus, sub, fixed)))
         for j in lam:
             if j in blocks or (only is not None and j != only):
                 continue
             if j in terms:
                 g, c = terms[j]
-                total = total + _pairing(g, mus[j]) + c
+                parts += [(f"affine factors of {j}", _pairing(g, mus[j])), (f"constant of {j}", c)]
             entropy = jnp.sum(layouts[j].fam.entropy(lam[j]))
             for _, plate in nodes[j].subsample_axes:
                 entropy = entropy * (plate.size / plate.subsample_size)
-            total = total + entropy
+            parts.append((f"entropy of {j}", entropy))
+        return parts
+
+    def elbo(lam, key, fixed, terms, block_elbos=None, only=None):
+        """The ELBO at ``lam``; with ``only`` (a node), just the terms that change
+        with that node (its factors and its entropy), for the step's line search.
+        ``terms``: the state's ``constant_terms``, which stand for ``affine_factors``."""
+        if only is None:
+            block_elbos = block_elbos or {j: block.elbo(lam[j]) for j, block in blocks.items()}
+        parts = elbo_parts(lam, key, fixed, terms, block_elbos, only)
+        first = len(block_elbos) if only is None else 0  # the blocks' terms come first
+        total = sum(v for _, v in parts[:first]) if only is None else 0.0
+        for _, value in parts[first:]:
+            total = total + value
         if only is not None:
             return total
         # Factors without latent neighbours (observed-only terms) are constants,
@@ -890,19 +902,11 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
         return elbo(lam, elbo_key, fixed, state.constant_terms)
 
     def elbo_terms(state: CVIState, rng_key) -> dict:
-        plate_key, key = jax.random.split(rng_key)
-        fixed = {**params, **state.params, **plate_indices(plate_key)}
-        lam = state.natural
-        mus = {j: layouts[j].fam.natural_to_mean(lam[j]) for j in lam if j not in blocks}
-        terms = {name: block.elbo(lam[name]) for name, block in blocks.items()}
-        for fplan in factors.values():
-            if fplan.name not in block_factors and fplan.name not in affine_names:
-                key, sub = jax.random.split(key)
-                terms[fplan.name] = factor_term(fplan, lam, mus, sub, fixed)
-        for j in lam:
-            if j not in blocks:
-                terms[f"entropy of {j}"] = jnp.sum(layouts[j].fam.entropy(lam[j]))
-        return terms
+        plate_key, elbo_key = jax.random.split(rng_key)
+        indices = plate_indices(plate_key)
+        fixed = {**params, **state.params, **indices}
+        lam = {n: _gather(nodes[n], lam_n, indices) for n, lam_n in state.natural.items()}
+        return dict(elbo_parts(lam, elbo_key, fixed, state.constant_terms))
 
     return CVIAlgorithm(init, step, elbo_at, move_params, held_sites, elbo_terms)
 
