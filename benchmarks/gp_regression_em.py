@@ -31,6 +31,7 @@ from scipy.optimize import minimize
 import autocvi
 
 from . import driver as D
+from . import sparse_gp_driver as G
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from gp_hyperparameters import JITTER  # noqa: E402 - the example's model, as a user writes it
@@ -88,7 +89,7 @@ def run_svi(x, y, variant, lr, best, max_steps, chunk):
     svi = SVI(m, AutoMultivariateNormal(m), numpyro.optim.Adam(lr), Trace_ELBO())
     state = svi.init(jax.random.PRNGKey(0), x, y=y)
 
-    compile_s, trace, state = D.svi_in_chunks(
+    compile_s, trace, state = G.svi_in_chunks(
         svi,
         state,
         chunk,

@@ -35,6 +35,7 @@ from numpyro.infer.autoguide import AutoMultivariateNormal
 import autocvi
 
 from . import driver as D
+from . import sparse_gp_driver as G
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from sparse_gp_classification import (  # noqa: E402 - the example's model
@@ -158,7 +159,7 @@ def run_svi(X, Z, y, variant, lr, max_steps, chunk):
         p = {n: float(params[n]) for n in NAMES}
         return svgp_elbo(p, mean, cov, X, Z, y), p
 
-    compile_s, trace, _ = D.svi_in_chunks(svi, state, chunk, max_steps, score, X, Z, y)
+    compile_s, trace, _ = G.svi_in_chunks(svi, state, chunk, max_steps, score, X, Z, y)
     return {"variant": variant, "lr": lr, "compile_s": compile_s, "trace": trace}
 
 

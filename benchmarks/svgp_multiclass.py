@@ -37,6 +37,7 @@ from numpyro.infer.autoguide import AutoMultivariateNormal, AutoNormal
 import autocvi
 
 from . import driver as D
+from . import sparse_gp_driver as G
 
 AMPLITUDE, LENGTH_SCALE, JITTER, CLASSES = 2.0, float(np.sqrt(64.0)), 1e-4, 10
 
@@ -232,7 +233,7 @@ def run_svi(data, guide, lr, st):
         return evaluate(q.loc, q.scale_tril, whitened)
 
     max_steps = st["svi_max_steps"][guide_name]
-    compile_s, trace, _ = D.svi_in_chunks(svi, state, st["svi_chunk"], max_steps, score, X, Z, y)
+    compile_s, trace, _ = G.svi_in_chunks(svi, state, st["svi_chunk"], max_steps, score, X, Z, y)
     offset = init_s + compile_s
     trace = [(row[0], row[1] + offset, *row[2:]) for row in trace]
     name = f"SVI {guide_name}{' whitened' if whitened else ''}, Adam lr {lr:g}"
@@ -262,7 +263,7 @@ def run(_part="digits", quick=False):
     def nlpd(t):  # a diverged run's NaN is never best
         return t[3] if np.isfinite(t[3]) else np.inf
 
-    svi_best, target, best_elbo = D.nlpd_targets(runs, 3, 4, st["tolerance"], st["elbo_gap"])
+    svi_best, target, best_elbo = G.nlpd_targets(runs, 3, 4, st["tolerance"], st["elbo_gap"])
     for r in runs:
         best = min(r["trace"], key=nlpd)
         r["best"] = {"nlpd": best[3], "accuracy": best[2], "steps": best[0], "seconds": best[1]}

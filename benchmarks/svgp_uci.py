@@ -36,6 +36,7 @@ from numpyro.infer.autoguide import AutoMultivariateNormal
 import autocvi
 
 from . import driver as D
+from . import sparse_gp_driver as G
 
 TASKS = {"airfoil": "regression", "diabetes": "classification"}
 SETTINGS = {
@@ -238,7 +239,7 @@ def run_svi(Xtr, ytr, Xte, yte, Z0, regression, variant, lr, max_steps, chunk):
             p, mean, cov, Xtr, ytr, regression
         )
 
-    compile_s, rows, _ = D.svi_in_chunks(svi, state, chunk, max_steps, score, Xtr, Z0, ytr)
+    compile_s, rows, _ = G.svi_in_chunks(svi, state, chunk, max_steps, score, Xtr, Z0, ytr)
     # rows: (steps, seconds with compilation, test NLPD, SVGP ELBO)
     trace = [(n, compile_s + s, nlpd, elbo) for n, s, nlpd, elbo in rows]
     return {"variant": variant, "lr": lr, "compile_s": compile_s, "trace": trace}
