@@ -623,3 +623,40 @@ def test_q_too_wide_against_a_bound_is_flagged_and_only_there(n, ybar):
         assert q_sd / exact.std() == pytest.approx(1.0, abs=0.05)
         assert not check.too_wide and not wide
     assert not check.too_narrow and not check.misses_posterior
+
+
+def test_a_spread_the_first_look_cannot_decide_is_read_again(monkeypatch):
+    """The zoo's mixture with an empty component (``mixture_empty_component``): NUTS
+    (its stored reference) says q's sd of the empty weight w[1] is about 1.3x the
+    posterior's. The first look's 4,000 + 4,000 draws read that at about 2.3 standard
+    errors, below the limit of 3, and the fit used to stay silent; the second look reads
+    it again on more draws and warns. Both looks are checked: without the second, the
+    same fit does not flag it."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from zoo.models import MODELS
+    from zoo.scoring import reference
+
+    model, data = MODELS["mixture_empty_component"]()
+    nuts_sd = reference("mixture_empty_component")["nuts"]["sites"]["w"]["sd"][1]
+
+    def fit():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = autocvi.fit(model, data, progress_bar=False)
+        return result, [str(w.message) for w in caught if issubclass(w.category, FitWarning)]
+
+    result, warned = fit()
+    q_sd = float(np.asarray(result.sample(jax.random.PRNGKey(1), 20000)["w"])[:, 1].std())
+    check = result.diagnostics.importance
+    assert q_sd / nuts_sd > 1.2  # the warning is deserved
+    assert check.spread_looks > 1 and check.too_wide
+    assert check.widest.coordinate == "w[1]"
+    assert check.widest.ratio == pytest.approx(q_sd / nuts_sd, rel=0.1)
+    assert [w for w in warned if "q is too wide at 'w[1]'" in w] == warned and len(warned) == 1
+    assert f"{check.num_draws * check.spread_looks} draws from q" in warned[0]
+
+    monkeypatch.setattr("autocvi.infer.importance.SECOND_LOOK_DRAWS", 0)
+    first_look, warned = fit()
+    check = first_look.diagnostics.importance
+    assert check.spread_looks == 1 and check.widest.coordinate == "w[1]"
+    assert check.widest.ratio > 1.2 and not check.too_wide and not warned

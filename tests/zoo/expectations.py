@@ -214,4 +214,5 @@ ZOO = [
     "censored_weibull",
     "random_slopes_lkj",
     "binomial_logit_groups",
+    "mixture_empty_component",
 ]

@@ -874,6 +874,28 @@ def gaussian_mixture_ordered():
     return model, {"y": y}
 
 
+def mixture_empty_component():
+    """1-D three-component Gaussian mixture (MixtureSameFamily) whose middle component
+    has no data: weights ``Dirichlet(0.5 * ones(3))``, means ``Normal((-5, 0, 5), 1)``,
+    one half-normal sd. N=100 simulated (``default_rng(19)``) from components 0 and 2 only
+    (weights 0.4, 0.6), unit sds. The empty weight's posterior piles against 0 (a new-user
+    probe: q's sd there 1.32x NUTS's)."""
+    rng = np.random.default_rng(19)
+    comp = rng.choice([0, 2], 100, p=[0.4, 0.6])
+    y = np.array([-5.0, 0.0, 5.0])[comp] + rng.normal(size=100)
+
+    def model(y):
+        w = numpyro.sample("w", dist.Dirichlet(0.5 * jnp.ones(3)))
+        with numpyro.plate("components", 3):
+            mu = numpyro.sample("mu", dist.Normal(jnp.array([-5.0, 0.0, 5.0]), 1.0))
+        sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+        mixture = dist.MixtureSameFamily(dist.Categorical(probs=w), dist.Normal(mu, sigma))
+        with numpyro.plate("data", y.shape[0]):
+            numpyro.sample("y", mixture, obs=y)
+
+    return model, {"y": y}
+
+
 # --------------------------------------------------------------------------
 # Factor and topic models
 
@@ -1207,6 +1229,7 @@ MODELS = {
     "poisson_mixture": poisson_mixture,
     "poisson_mixture_marginal": poisson_mixture_marginal,
     "gaussian_mixture_ordered": gaussian_mixture_ordered,
+    "mixture_empty_component": mixture_empty_component,
     "lda": lda,
     "lda_marginal": lda_marginal,
     "poisson_factorisation": poisson_factorisation,
@@ -1262,6 +1285,7 @@ CATEGORY = {
     "poisson_mixture": "mixture",
     "poisson_mixture_marginal": "mixture",
     "gaussian_mixture_ordered": "mixture",
+    "mixture_empty_component": "mixture",
     "lda": "factor",
     "lda_marginal": "factor",
     "poisson_factorisation": "factor",
