@@ -61,9 +61,18 @@ five times as many draws, the first look's among them: a sequential test with tw
 the first look already leant that way. It costs a fit only there: the same compiled
 program, run with other keys.
 
-Skipped (no claim) for models with plated discrete latents (q's assignments are
-mean-field over every data point, so the ratios measure their number, not q's quality;
-a single discrete latent, a switchpoint, is drawn and checked like the rest), subsampled
+A model with one plated discrete latent z (a mixture's assignments, a Categorical per
+data point) is checked with z summed out of p (:func:`summed_log_joint`: per element of
+z, a logsumexp over its support of the densities that read it) and left out of q: the
+ratios are those of q's other latents against their marginal posterior, the one NUTS
+samples on the model written with z summed out. With z drawn from q instead, the
+ratios of its N mean-field elements measured their number, not q's quality, and the
+check made no claim, so a mixture with overlapping components whose parameters' q was
+half NUTS's sd went unflagged.
+
+Skipped (no claim) for models with more than one plated discrete latent, or one whose
+densities read several of its elements together (a Markov chain of states; a single
+discrete latent, a switchpoint, is drawn and checked like the rest), subsampled
 plates with local latents (q holds all N, a batch's p only B; a minibatched model whose
 latents are all global is checked with p on the whole data), integrated conditionals, q with more than :data:`MAX_COORDINATES` coordinates, and data so large that even
 :data:`MIN_DRAWS` draws would cost more than :data:`MAX_WORK` element evaluations of the
@@ -82,7 +91,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from numpyro import handlers
-from numpyro.infer.util import log_density
+from numpyro.infer.util import compute_log_probs, log_density
 
 from ..jaxpr import structural_jit
 from ..model.trace import MaskedPlaceholder, full_plates
@@ -255,6 +264,7 @@ def importance_sampler(
     num_draws: int,
     keep_draws: bool = True,
     defensive: int = 0,
+    summed: SummedSite | None = None,
 ):
     """``(natural, rng_key) -> (log_ratios, draws, log_weights)``, one compiled program
     for any number of calls: ``log p(y, theta_s) - log q(theta_s)`` for
@@ -270,7 +280,9 @@ def importance_sampler(
     members' values by the group's change of variables), built inside the compiled
     program: built eagerly, every small op of q's construction compiles on its own
     (seconds of a cold fit). ``params``: the model's ``numpyro.param`` values. One
-    compiled program, vectorised over the draws.
+    compiled program, vectorised over the draws. ``summed``: a plated discrete latent
+    summed out of p and left out of q (:func:`summed_log_joint`): the ratios are then q's
+    of the other latents against their marginal posterior.
     """
     fixed = handlers.substitute(model, data=dict(params)) if params else model
     # The defensive draws' proposal g = (S q + D q_s) / (S + D) (module docstring).
@@ -288,10 +300,13 @@ def importance_sampler(
             log_q, log_qs = log_q + lq - jac, log_qs + lqs - jac
         single = {}
         for k, (name, q) in zip(keys[len(guide.joint) :], guide.posterior.items()):
-            if name not in values:
+            if name not in values and (summed is None or name != summed.name):
                 values[name], lq, lqs = _draw(q, k, from_q_s, reduce=False)
                 single[name] = (lq, lqs)
-        log_p, model_trace = log_density(fixed, (), {**data, **arrays}, values)
+        if summed is None:
+            log_p, model_trace = log_density(fixed, (), {**data, **arrays}, values)
+        else:
+            log_p, model_trace = summed_log_joint(fixed, {**data, **arrays}, values, summed)
         for name, (lq, lqs) in single.items():
             # Elements the model masks out (``obs_mask``'s unobserved part covers every
             # element) are not in p: they are left out of q's density too.
@@ -391,6 +406,65 @@ def _site_mask(site):
     return None if mask is None or mask is True else mask
 
 
+@dataclass(frozen=True)
+class SummedSite:
+    """A plated discrete latent the check sums out of the model: its ``name``, the
+    ``shape`` of its value, and ``dependents``, the sites whose densities read it (its
+    own among them)."""
+
+    name: str
+    shape: tuple
+    dependents: frozenset
+
+
+def summed_site(graph) -> SummedSite | None:
+    """The model's one plated discrete latent, to be summed out (module docstring), or
+    None: no plated discrete latent, or more than one (their sums would not factorise)."""
+    plated = [
+        n
+        for n, v in graph.variables.items()
+        if v.discrete and not v.observed and (v.plates or v.batch_shape)
+    ]
+    if len(plated) != 1:
+        return None
+    name = plated[0]
+    dependents = {f.site for f in graph.factors.values() if name in f.latents} | {name}
+    return SummedSite(name, tuple(graph.variables[name].shape), frozenset(dependents))
+
+
+def summed_log_joint(model, kwargs: dict, values: dict, summed: SummedSite):
+    """``log sum_z p(y, values, z)`` and a model trace, for ``summed``'s latent z whose
+    elements are independent given ``values``: each element's sum over its support (the
+    distribution's ``enumerate_support``) of the densities that read it, a logsumexp per
+    element, plus every other density. A dependent density whose shape does not follow
+    z's elements (a sum over several of them) raises: no claim."""
+    first = {**values, summed.name: jnp.zeros(summed.shape, jnp.int32)}
+    log_probs, model_trace = compute_log_probs(model, (), kwargs, first, sum_log_prob=False)
+    rest = sum((jnp.sum(lp) for n, lp in log_probs.items() if n not in summed.dependents), 0.0)
+    support = model_trace[summed.name]["fn"].enumerate_support(expand=False)
+    per_value = []
+    for v in support:
+        at = {**values, summed.name: jnp.broadcast_to(v, summed.shape)}
+        lps, _ = compute_log_probs(model, (), kwargs, at, sum_log_prob=False)
+        per_value.append(sum(_per_element(lps[n], summed.shape) for n in summed.dependents))
+    return rest + jnp.sum(jax.nn.logsumexp(jnp.stack(per_value), axis=0)), model_trace
+
+
+def _per_element(log_prob, shape):
+    """``log_prob`` summed to ``shape`` (one value per element of the summed latent): its
+    dims left of the latent's and those where the latent has size 1 are summed."""
+    lp = jnp.asarray(log_prob)
+    extra = lp.ndim - len(shape)
+    if extra < 0:
+        raise ValueError("a density reads several elements of the summed latent")
+    lp = jnp.sum(lp, axis=tuple(range(extra))) if extra else lp
+    ones = tuple(i for i, (a, b) in enumerate(zip(lp.shape, shape)) if b == 1 and a != 1)
+    lp = jnp.sum(lp, axis=ones, keepdims=True) if ones else lp
+    if lp.shape != tuple(shape):
+        raise ValueError("a density reads several elements of the summed latent")
+    return lp
+
+
 def spread_z_limit(num_coordinates: int) -> float:
     """The standard errors at which a narrow coordinate counts, among ``num_coordinates``
     (``SPREAD_ALPHA``'s Bonferroni bound, clipped to ``[SPREAD_Z_MIN, SPREAD_Z]``)."""
@@ -432,6 +506,9 @@ class ImportanceCheck:
     # how many batches of num_draws (+ num_defensive) draws the spread read: 1, or more
     # after a second look (module docstring)
     spread_looks: int = 1
+    # a plated discrete latent the check summed out of p (q's other latents were checked
+    # against their marginal posterior), or None
+    summed_site: str | None = None
 
     def spread_draws(self) -> str:
         """The draws the spread read, in words (the warnings')."""
@@ -548,18 +625,23 @@ def check_importance(model, data: dict, schedule, guide_of, natural, params: dic
     docstring)."""
     graph = schedule.user_graph or schedule.graph
     subsampled = any(f.subsampled for f in schedule.factors.values())
+    summed = summed_site(graph)
     if (
         schedule.integrated
         # local latents of a subsampled plate: q holds all N of them, p a batch's
         or (subsampled and any(node.subsample_axes for node in schedule.nodes.values()))
         or any(
-            v.discrete and (v.plates or v.batch_shape)
-            for v in graph.variables.values()
+            v.discrete and (v.plates or v.batch_shape) and (summed is None or n != summed.name)
+            for n, v in graph.variables.items()
             if not v.observed
         )
     ):
         return None
-    latent = sum(int(np.prod(node.layout.shape)) for node in schedule.nodes.values())
+    latent = sum(
+        int(np.prod(node.layout.shape))
+        for name, node in schedule.nodes.items()
+        if summed is None or name != summed.name
+    )
     data_size = sum(int(np.size(v)) for v in data.values() if isinstance(v, np.ndarray | jax.Array))
     # Each draw evaluates the whole log joint: fewer draws for large data, none where
     # even MIN_DRAWS would cost more than MAX_WORK element evaluations, or where q has
@@ -574,7 +656,7 @@ def check_importance(model, data: dict, schedule, guide_of, natural, params: dic
     keep = latent <= SPREAD_MAX_COORDINATES
     # The spread's defensive draws, as many as q's, where the data are small enough.
     defensive = num_draws if keep and num_draws * data_size <= DEFENSIVE_WORK else 0
-    sampler = importance_sampler(model, data, params, guide_of, num_draws, keep, defensive)
+    sampler = importance_sampler(model, data, params, guide_of, num_draws, keep, defensive, summed)
     try:
         ratios, draws, weights = sampler(natural, rng_key)
     except Exception:  # noqa: BLE001 - a q or model numpyro cannot evaluate so: no claim
@@ -604,6 +686,7 @@ def check_importance(model, data: dict, schedule, guide_of, natural, params: dic
         tuple(n for n, v in graph.variables.items() if v.discrete and not v.observed),
         widest,
         looks,
+        None if summed is None else summed.name,
     )
 
 
@@ -626,6 +709,14 @@ _GAUSSIAN_NARROW = (
     "parameterisation of a hierarchy (non-centred where the data say little about each "
     "group, centred where they say much)."
 )
+_SUMMED = (
+    " The check summed the discrete latent {site!r} out of the model: q keeps it "
+    "independent of the continuous latents (mean-field, one assignment distribution per "
+    "element), which narrows them where the assignments are uncertain (overlapping "
+    "mixture components). Write the model with {site!r} summed out (a MixtureSameFamily "
+    "likelihood, or a logsumexp over its values in a numpyro.factor): q is then fitted to "
+    "the marginal posterior."
+)
 _GAUSSIAN_WIDE = (
     "The posterior is not Gaussian in that latent's unconstrained coordinate (typically a "
     "latent whose posterior piles against the edge of its support, a scale near zero or a "
@@ -640,6 +731,10 @@ _DISCRETE_NARROW = (
     "the exact marginal, sum the discrete latent out of the model (a logsumexp over its "
     "values in a numpyro.factor) or compare with enumeration."
 )
+
+
+def _summed_note(check: ImportanceCheck) -> str:
+    return "" if check.summed_site is None else _SUMMED.format(site=check.summed_site)
 
 
 def warn_importance(check: ImportanceCheck | None):
@@ -657,6 +752,7 @@ def warn_importance(check: ImportanceCheck | None):
                 + check.spread_draws()
                 + f" ({n.z:.1f} standard errors; the posterior may be wider still). "
                 + (_DISCRETE_NARROW if discrete else _GAUSSIAN_NARROW)
+                + _summed_note(check)
                 + " result.diagnostics.importance holds the numbers.",
                 FitWarning,
                 stacklevel=3,
@@ -684,7 +780,7 @@ def warn_importance(check: ImportanceCheck | None):
         "try the other parameterisation of a hierarchy (non-centred where the data say "
         "little about each group, centred where they say much: a non-centred "
         "hierarchy with well-identified groups couples its scale to every group's "
-        "offsets). result.diagnostics.importance holds the numbers.",
+        "offsets)." + _summed_note(check) + " result.diagnostics.importance holds the numbers.",
         FitWarning,
         stacklevel=3,
     )

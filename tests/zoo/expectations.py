@@ -215,4 +215,5 @@ ZOO = [
     "random_slopes_lkj",
     "binomial_logit_groups",
     "mixture_empty_component",
+    "normal_mixture_assignments",
 ]

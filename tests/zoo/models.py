@@ -874,6 +874,44 @@ def gaussian_mixture_ordered():
     return model, {"y": y}
 
 
+def normal_mixture_assignments():
+    """Two well-separated 1-D Gaussian components with explicit assignments z (a
+    Categorical per point, as the NumPyro docs write mixtures): weights Dirichlet(1, 1),
+    means ``Normal((-2, 2), 1)``, one half-normal sd. N=200 simulated
+    (``default_rng(131)``) with means -3 and 3, sd 0.8, weights (0.65, 0.35). Each
+    point's component is all but certain, so q's mean-field between z and the
+    parameters is close to the marginal posterior."""
+    rng = np.random.default_rng(131)
+    y = np.where(rng.binomial(1, 0.35, 200) == 1, 3.0, -3.0) + rng.normal(0.0, 0.8, 200)
+
+    def model(y):
+        w = numpyro.sample("w", dist.Dirichlet(jnp.ones(2)))
+        with numpyro.plate("components", 2):
+            mu = numpyro.sample("mu", dist.Normal(jnp.array([-2.0, 2.0]), 1.0))
+        sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+        with numpyro.plate("data", y.shape[0]):
+            z = numpyro.sample("z", dist.Categorical(w))
+            numpyro.sample("y", dist.Normal(mu[z], sigma), obs=y)
+
+    return model, {"y": y}
+
+
+def normal_mixture_assignments_marginal():
+    """``normal_mixture_assignments`` with z summed out (MixtureSameFamily): for NUTS."""
+    _, data = normal_mixture_assignments()
+
+    def model(y):
+        w = numpyro.sample("w", dist.Dirichlet(jnp.ones(2)))
+        with numpyro.plate("components", 2):
+            mu = numpyro.sample("mu", dist.Normal(jnp.array([-2.0, 2.0]), 1.0))
+        sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+        mixture = dist.MixtureSameFamily(dist.Categorical(probs=w), dist.Normal(mu, sigma))
+        with numpyro.plate("data", y.shape[0]):
+            numpyro.sample("y", mixture, obs=y)
+
+    return model, data
+
+
 def mixture_empty_component():
     """1-D three-component Gaussian mixture (MixtureSameFamily) whose middle component
     has no data: weights ``Dirichlet(0.5 * ones(3))``, means ``Normal((-5, 0, 5), 1)``,
@@ -1230,6 +1268,8 @@ MODELS = {
     "poisson_mixture_marginal": poisson_mixture_marginal,
     "gaussian_mixture_ordered": gaussian_mixture_ordered,
     "mixture_empty_component": mixture_empty_component,
+    "normal_mixture_assignments": normal_mixture_assignments,
+    "normal_mixture_assignments_marginal": normal_mixture_assignments_marginal,
     "lda": lda,
     "lda_marginal": lda_marginal,
     "poisson_factorisation": poisson_factorisation,
@@ -1286,6 +1326,8 @@ CATEGORY = {
     "poisson_mixture_marginal": "mixture",
     "gaussian_mixture_ordered": "mixture",
     "mixture_empty_component": "mixture",
+    "normal_mixture_assignments": "mixture",
+    "normal_mixture_assignments_marginal": "mixture",
     "lda": "factor",
     "lda_marginal": "factor",
     "poisson_factorisation": "factor",

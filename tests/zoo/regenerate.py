@@ -387,6 +387,11 @@ DISCRETE_SVI_REASON = (
 )
 
 OVERRIDES = {
+    "normal_mixture_assignments": dict(
+        nuts_model="normal_mixture_assignments_marginal",
+        svi="nuts_model",
+        discrete_sites="z",
+    ),
     "iris_mixture": dict(
         nuts_model="iris_mixture_marginal",
         svi="nuts_model",
