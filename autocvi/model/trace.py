@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import os
+import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -397,9 +399,21 @@ def _locate(err: BaseException, recorder: _SiteRecorder) -> str:
     site = _failing_site(err.__traceback__)
     if site is not None:
         return f"at site {site!r}"
+    line = _user_line(err.__traceback__)
     if recorder.last_site is not None:
-        return f"after site {recorder.last_site!r} (in the code that follows it)"
-    return "before its first site"
+        return f"after site {recorder.last_site!r} (in the code that follows it{line})"
+    return f"before its first site{line}"
+
+
+def _user_line(tb) -> str:
+    """``", at `<source>` (<file>:<line>)"``: the innermost frame of ``tb`` in the user's
+    code (outside numpyro, JAX and autocvi), or ""."""
+    libraries = (os.sep + "numpyro" + os.sep, os.sep + "jax" + os.sep, os.sep + "autocvi" + os.sep)
+    frames = [f for f in traceback.extract_tb(tb) if not any(x in f.filename for x in libraries)]
+    if not frames or not frames[-1].line:
+        return ""
+    f = frames[-1]
+    return f", at `{f.line.strip()}` ({os.path.basename(f.filename)}:{f.lineno})"
 
 
 def _missing_none_arguments(model: Callable, data: dict) -> list[str]:
@@ -414,6 +428,16 @@ def _missing_none_arguments(model: Callable, data: dict) -> list[str]:
 # prior (HalfCauchy scales) can overflow the model (exp of a huge log-variance);
 # the prior median, then NumPyro's own default, are tamer starts.
 _FALLBACK_STRATEGIES = (init_to_sample, init_to_median(num_samples=15), init_to_uniform(radius=2))
+
+
+# Why every start failed when a distribution's argument came out invalid, and the fixes.
+_NO_VALID_START = (
+    " At every start autocvi tried, the latents' values made that argument invalid: "
+    "typically exp or softplus of a linear predictor overflowing, because a covariate is "
+    "on a large scale (a raw year, income or price) against coefficients of scale 1. "
+    "Centre and scale the covariates, or pass init_strategy=numpyro.infer.init_to_value("
+    "values={...}) with values of the latents where the model runs."
+)
 
 
 def _run_model(model: Callable, data: dict, seed, init_strategy=None):
@@ -447,6 +471,8 @@ def _run_model(model: Callable, data: dict, seed, init_strategy=None):
         )
     if len(strategies) > 1:
         hint += " (The same happened from the prior median and from init_to_uniform.)"
+        if isinstance(err, ValueError) and "invalid" in str(err):
+            hint += _NO_VALID_START
     raise ModelError(
         f"{_name(model)}() raised {type(err).__name__} {_locate(err, recorder)} when run "
         f"with the data: {str(err) or '(the exception has no message)'}{hint}"

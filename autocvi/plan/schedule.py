@@ -980,7 +980,10 @@ def _check_discrete(fname, layouts, aligns, conj):
                 f"factor {fname!r} depends on several elements of the discrete site {latent!r} "
                 f"at once (it is not inside all of {latent!r}'s plates), so its closed-form "
                 "message would need enumeration over all of them. Put the factor inside the "
-                f"same plates as {latent!r}."
+                f"same plates as {latent!r}, or, where its elements depend on each other (a "
+                "hidden Markov chain of states in a scan), sum them out of the model: the "
+                "forward algorithm, a logsumexp recursion over the states in a scan, in a "
+                "numpyro.factor."
             )
 
 
