@@ -95,11 +95,15 @@ class _ObservedAsArray(numpyro.primitives.Messenger):
         if latent:
             fn = msg["fn"]
             mask = getattr(fn, "_mask", None)
+            # A mask that is the model's argument is traced inside the engine's programs
+            # (data are their inputs): it gets the placeholder too, whatever its values
+            # (where all are True the placeholder is the base density). Skipped there, the
+            # masked-out elements had no density at all, and q's variance there grew
+            # without bound (obs_mask=mask passed as data: ELBO +1,500, every step refused).
             if (
                 isinstance(fn, MaskedDistribution)
                 and isinstance(mask, (np.ndarray, jax.Array))
-                and not isinstance(mask, jax.core.Tracer)
-                and not bool(np.all(np.asarray(mask)))
+                and (isinstance(mask, jax.core.Tracer) or not bool(np.all(np.asarray(mask))))
             ):
                 msg["fn"] = MaskedPlaceholder(fn.base_dist, jnp.asarray(mask))
         if msg["is_observed"]:
