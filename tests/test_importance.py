@@ -723,3 +723,18 @@ def test_q_with_mean_field_assignments_is_checked_against_the_marginal_posterior
     assert check.summed_site == "z" and not warned
     z, ratio = scoring.scores("normal_mixture_assignments", draws, ref)
     assert np.all((0.9 < ratio) & (ratio < 1.1)) and np.max(z) < 0.1  # silence deserved
+
+
+def test_plan_says_an_enumeration_request_is_not_honoured():
+    """``config_enumerate`` asks NumPyro to sum z out; autocvi keeps q(z) mean-field. The
+    plan says so, naming the site; the same model without the request gets no such
+    line, and neither does a model with no discrete latent."""
+    from numpyro.contrib.funsor import config_enumerate
+
+    MODELS, _ = _zoo()
+    model, data = MODELS["normal_mixture_assignments"]()
+    marked = str(autocvi.plan(config_enumerate(model), data))
+    assert "'z': marked for enumeration" in marked and "MixtureSameFamily" in marked
+    assert "marked for enumeration" not in str(autocvi.plan(model, data))
+    marginal, data = MODELS["normal_mixture_assignments_marginal"]()
+    assert "marked for enumeration" not in str(autocvi.plan(marginal, data))

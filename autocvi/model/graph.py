@@ -211,6 +211,11 @@ class FactorGraph:
         site = self._trace_at_example()[name]
         return site["fn"], site["value"]
 
+    def example_trace_site(self, name: str) -> dict:
+        """Site ``name`` of the model's trace at :attr:`example_values` (its ``infer``
+        dict, distribution and value)."""
+        return self._trace_at_example()[name]
+
     def _trace_at_example(self) -> dict:
         """The model's trace at :attr:`example_values`, run once per graph and kept."""
         if self._example_trace is None:

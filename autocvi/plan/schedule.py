@@ -32,6 +32,7 @@ import numpyro
 from jax.extend import core as jax_core
 
 from ..analysis.classify import classify_graph, latent_layouts, trace
+from ..analysis.enumerated import describe_enumerated, find_enumerated
 from ..analysis.expectations import Alignment, PointSet, alignment, expect, moment_point_set
 from ..analysis.integrate import (
     find_integrations,
@@ -400,6 +401,8 @@ def plan(
     leaf_notes = [describe_leaves(leaves)] if leaves else []
     notes = [*leaf_notes, *notes, *(it.describe() for it in integrations)]
     notes += [describe_unrolled(unrolled)] if unrolled else []
+    enumerated = find_enumerated(user_graph)
+    notes += [describe_enumerated(enumerated)] if enumerated else []
     fired = [it for it in integrations if it.fires]
     layouts = latent_layouts(fitted_graph)
     hazards = tuple(mean_field_hazards(fitted_graph, layouts, fired, groups))
