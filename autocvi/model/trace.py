@@ -409,11 +409,18 @@ def _locate(err: BaseException, recorder: _SiteRecorder) -> str:
     return f"before its first site{line}"
 
 
+# The packages whose frames are not the user's, by their install folders (a user's own
+# project may well be called autocvi too).
+_LIBRARIES = tuple(
+    os.path.dirname(os.path.abspath(path)) + os.sep
+    for path in (numpyro.__file__, jax.__file__, os.path.dirname(__file__))
+)
+
+
 def _user_line(tb) -> str:
     """``", at `<source>` (<file>:<line>)"``: the innermost frame of ``tb`` in the user's
     code (outside numpyro, JAX and autocvi), or ""."""
-    libraries = (os.sep + "numpyro" + os.sep, os.sep + "jax" + os.sep, os.sep + "autocvi" + os.sep)
-    frames = [f for f in traceback.extract_tb(tb) if not any(x in f.filename for x in libraries)]
+    frames = [f for f in traceback.extract_tb(tb) if not f.filename.startswith(_LIBRARIES)]
     if not frames or not frames[-1].line:
         return ""
     f = frames[-1]
