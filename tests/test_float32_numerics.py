@@ -399,3 +399,97 @@ def test_a_regression_on_a_response_near_30000_is_the_closed_form():
     assert np.max(np.abs(got - mean) / sd) < 0.05
     got_sd = np.sqrt([float(post["a"].variance), float(post["b"].variance)])
     np.testing.assert_allclose(got_sd / sd, 1.0, atol=2e-3)
+
+
+def test_the_simplex_map_is_numpyros_and_stays_finite_where_float32_rounds_a_weight_to_0():
+    """``LogSpaceStickBreaking`` is NumPyro's stick-breaking map (oracle: NumPyro's own
+    forward map, inverse and log-Jacobian, and the log-determinant of the map's numerical
+    Jacobian), computed from ``log w``: where a weight is below float32's range NumPyro's
+    gives an exact 0 and a log-Jacobian of -inf, the log-space map a finite one."""
+    import jax
+    from numpyro.distributions.transforms import StickBreakingTransform, biject_to
+
+    from autocvi.analysis.bijections import LogSpaceStickBreaking, unconstraining_map
+
+    assert isinstance(
+        unconstraining_map(dist.Dirichlet(jnp.ones(4)).support), LogSpaceStickBreaking
+    )
+    assert type(unconstraining_map(dist.Gamma(1.0).support)) is type(
+        biject_to(dist.Gamma(1.0).support)
+    )
+    ours, numpyros = LogSpaceStickBreaking(), StickBreakingTransform()
+    with jax.enable_x64(True):
+        x = jnp.asarray(np.random.default_rng(0).normal(0.0, 3.0, (5, 3)))
+        y = ours(x)
+        np.testing.assert_allclose(y, numpyros(x), rtol=1e-12)
+        np.testing.assert_allclose(ours.inv(y), x, rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(
+            ours.log_abs_det_jacobian(x, y), numpyros.log_abs_det_jacobian(x, y), rtol=1e-12
+        )
+        jac = jax.jacfwd(lambda u: ours(u)[:-1])(x[0])
+        assert np.isclose(
+            np.linalg.slogdet(np.asarray(jac))[1], ours.log_abs_det_jacobian(x[0], y[0])
+        )
+    far = jnp.asarray([0.0, -120.0, 25.0], jnp.float32)  # weight 2 ~ e^-120, weight 4 ~ 1e-11
+    assert not np.all(np.asarray(numpyros(far)) > 0)
+    assert not np.isfinite(np.asarray(numpyros.log_abs_det_jacobian(far, numpyros(far))))
+    y = ours(far)
+    assert np.all(np.asarray(y) > 0) and np.isclose(float(jnp.sum(y)), 1.0, atol=1e-6)
+    assert np.isfinite(np.asarray(ours.log_abs_det_jacobian(far, y)))
+    assert np.isfinite(np.asarray(dist.Dirichlet(0.2 * jnp.ones(4)).log_prob(y)))
+
+
+def test_prior_candidates_of_a_simplex_are_on_the_simplex():
+    """The elementwise median of 15 ``Dirichlet(0.2)`` draws is not a point of the simplex
+    (it sums to far less than 1): the model raised on it (``Categorical(probs=w)``) and
+    ``prior_candidates`` returned no candidate at all. Per batch element it now takes the
+    draw nearest that median."""
+    from autocvi.model.trace import prior_candidates
+
+    def model(y):
+        w = numpyro.sample("w", dist.Dirichlet(0.2 * jnp.ones(3)))
+        with numpyro.plate("groups", 2):
+            p = numpyro.sample("p", dist.Dirichlet(jnp.ones(4)))
+        with numpyro.plate("data", y.shape[0]):
+            numpyro.sample("y", dist.Categorical(probs=w), obs=y)
+        return p
+
+    candidates = prior_candidates(model, {"y": jnp.asarray([0, 2, 2, 0])})
+    assert len(candidates) == 16
+    for c in candidates:
+        for name in ("w", "p"):
+            v = np.asarray(c[name], np.float64)
+            assert np.all(v >= 0) and np.allclose(v.sum(-1), 1.0, atol=1e-5), (name, v)
+    assert np.asarray(candidates[0]["p"]).shape == (2, 4)
+
+
+def test_a_mixture_with_a_sparse_dirichlet_and_an_empty_component_fits_in_float32():
+    """``Dirichlet(0.2)`` weights, three components, the middle one with no data (a new
+    user's overfitted mixture). In float32 q's start and draws rounded the empty weight to
+    0 (prior and log-Jacobian infinite), and the condition test whitened the flat tail of
+    its logit to sd 3,000: q never moved. Oracle: the two occupied components are 10
+    sds apart, so the assignments are known and the weights' posterior is
+    ``Dirichlet(0.2 + n_0, 0.2, 0.2 + n_2)``; its marginals of the occupied weights."""
+    import sys
+    from pathlib import Path
+
+    import jax
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from zoo.models import empty_component_mixture
+
+    model, data = empty_component_mixture(0.2)
+    y = np.asarray(data["y"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = autocvi.fit(model, {"y": jnp.asarray(y, jnp.float32)}, progress_bar=False)
+    assert result.converged and np.isfinite(result.elbo_final)
+    assert not any("not finite" in str(w.message) for w in caught)
+    draws = np.asarray(result.sample(jax.random.PRNGKey(0), 8000)["w"], np.float64)
+    alpha = 0.2 + np.array([np.sum(y < -2.5), 0.0, np.sum(y > 2.5)])
+    total = alpha.sum()
+    mean = alpha / total
+    sd = np.sqrt(alpha * (total - alpha) / (total**2 * (total + 1)))
+    for k in (0, 2):
+        assert abs(draws[:, k].mean() - mean[k]) < 0.2 * sd[k], k
+        assert 0.8 < draws[:, k].std() / sd[k] < 1.25, k

@@ -24,11 +24,12 @@ import jax
 import jax.numpy as jnp
 from numpyro import distributions as dist
 from numpyro.distributions import MultivariateNormal, TransformedDistribution
-from numpyro.distributions.transforms import ReshapeTransform, biject_to
+from numpyro.distributions.transforms import ReshapeTransform
 
 from .. import families
 from ..model.coordinates import JointCoordinates
 from ..model.trace import ModelError
+from .bijections import unconstraining_map
 from .constrained import Constrained
 
 __all__ = [
@@ -263,7 +264,8 @@ def make_layout(
 
 
 def _unconstraining_transform(name: str, prior):
-    """``biject_to(support)``, or an error naming the site and what to change."""
+    """``biject_to(support)`` (:func:`~autocvi.analysis.bijections.unconstraining_map`), or an
+    error naming the site and what to change."""
     dname = type(families.unwrap_distribution(prior)).__name__
     if prior.support.is_discrete:
         raise ModelError(
@@ -274,7 +276,7 @@ def _unconstraining_transform(name: str, prior):
             f"a truncated range)."
         )
     try:
-        return biject_to(prior.support)
+        return unconstraining_map(prior.support)
     except NotImplementedError:
         raise ModelError(
             f"latent site {name!r}: its {dname} prior has support {prior.support}, which has "
