@@ -631,7 +631,9 @@ def test_a_spread_the_first_look_cannot_decide_is_read_again(monkeypatch):
     posterior's. The first look's 4,000 + 4,000 draws read that at about 2.3 standard
     errors, below the limit of 3, and the fit used to stay silent; the second look reads
     it again on more draws and warns. Both looks are checked: without the second, the
-    same fit does not flag it."""
+    same fit does not flag it. The Monte Carlo fit and the check's draws move the reading
+    with ``rng_key`` (w[1]'s sd ratio 1.08-1.32 over keys 0-4, warned on two of them):
+    key 3 is one whose first look cannot decide."""
     sys.path.insert(0, str(Path(__file__).parent))
     from zoo.models import MODELS
     from zoo.scoring import reference
@@ -642,7 +644,7 @@ def test_a_spread_the_first_look_cannot_decide_is_read_again(monkeypatch):
     def fit():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            result = autocvi.fit(model, data, progress_bar=False)
+            result = autocvi.fit(model, data, progress_bar=False, rng_key=jax.random.PRNGKey(3))
         return result, [str(w.message) for w in caught if issubclass(w.category, FitWarning)]
 
     result, warned = fit()
