@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 from dataclasses import dataclass
 
 import jax
@@ -383,18 +384,22 @@ def _prior_precision(group: JointGroup, draws: list[dict]) -> np.ndarray:
     """Per coordinate of ``group``'s vector, 1 / the prior's variance there: the robust
     spread (1.4826 x the median absolute deviation) of the prior ``draws``' unconstrained
     coordinates; 0 where fewer than 5 draws are finite or they do not spread (a flat
-    prior)."""
+    prior), or the draws do not hold the site (one drawn inside a ``scan``)."""
     if not draws or group.affine is not None:
         return np.zeros(group.dim)
     parts = []
     for m in group.members:
-        v = np.stack([np.asarray(d[m.name], np.float64) for d in draws])
-        u = v if m.transform is None else np.asarray(m.transform.inv(v), np.float64)
-        parts.append(u.reshape(len(draws), m.size))
+        try:
+            v = np.stack([np.asarray(d[m.name], np.float64) for d in draws])
+            u = v if m.transform is None else np.asarray(m.transform.inv(v), np.float64)
+            parts.append(u.reshape(len(draws), m.size))
+        except (KeyError, ValueError):  # a site the draws do not hold (inside a scan): none
+            parts.append(np.full((len(draws), m.size), np.nan))
     coords = np.concatenate(parts, axis=1)
     finite = np.isfinite(coords)
     coords = np.where(finite, coords, np.nan)
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a column of NaN: handled below
         centre = np.nanmedian(coords, axis=0)
         spread = 1.4826 * np.nanmedian(np.abs(coords - centre), axis=0)
     ok = (finite.sum(axis=0) >= 5) & np.isfinite(spread) & (spread > 0)
