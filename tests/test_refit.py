@@ -24,6 +24,26 @@ def test_the_refit_is_kept_in_float32():
     assert not any(m.startswith("q treats") for m in messages)
 
 
+def test_the_importance_check_runs_once_on_the_kept_fit(monkeypatch):
+    """With a refit, fit checks q's importance ratios once, on the fit it keeps: the
+    refit is decided on the coupling check and the ELBOs, and the check of the dropped
+    fit (4,000 draws of the log joint, a program of its own) was 1-2 s of a cold fit."""
+    import importlib
+
+    fit_module = importlib.import_module("autocvi.infer.fit")
+    real, checked = fit_module.check_importance, []
+
+    def counted(model, data, schedule, *args):
+        checked.append(schedule)
+        return real(model, data, schedule, *args)
+
+    monkeypatch.setattr(fit_module, "check_importance", counted)
+    result = autocvi.fit(group_precisions, group_precisions_data(), progress_bar=False)
+    assert result.diagnostics.refit.endswith(", kept")
+    assert len(checked) == 1 and checked[0] is result.schedule
+    assert result.diagnostics.importance is not None
+
+
 def test_fit_warnings_point_at_the_callers_line_and_others_stay_where_raised(monkeypatch):
     """fit records the warnings of its fits and issues the kept fit's again: its own
     FitWarnings at the line that called fit, a library's warning (a deprecation) where it

@@ -361,16 +361,20 @@ def fit(
         check=check,
         **planner_options,
     )
+    refit_allowed = check and structure == "joint" and init_state is None
+    # Where a refit may replace this fit, its importance check (4,000 draws of the log
+    # joint, a compiled program of its own) waits until the kept fit is known: the refit
+    # is decided on the coupling check and the ELBOs, never on it, and the check of a
+    # fit that is dropped was wasted (1-2 s of a cold Poisson factorisation).
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = _fit_once(model, data, **options)
-    refit_allowed = check and structure == "joint" and init_state is None
+        result = _fit_once(model, data, **options, importance=not refit_allowed)
     sites = _refit_sites(result) if refit_allowed else ()
     if sites:
         joint = tuple(dict.fromkeys((*planner_options.get("joint_sites", ()), *sites)))
         with warnings.catch_warnings(record=True) as caught_refit:
             warnings.simplefilter("always")
-            refit = _fit_once(model, data, **{**options, "joint_sites": joint})
+            refit = _fit_once(model, data, **{**options, "joint_sites": joint}, importance=False)
         grouped = {m for g in refit.schedule.joint for m in g.member_names}
         gain = refit.elbo_final - result.elbo_final
         kept = set(sites) <= grouped and gain > 0
@@ -384,6 +388,19 @@ def fit(
             result, caught = refit, caught_refit
         result.diagnostics.refit = line
         result.schedule.notes = (*result.schedule.notes, line)
+    if refit_allowed:  # the kept fit's importance check, its warnings after the fit's own
+        with warnings.catch_warnings(record=True) as late:
+            warnings.simplefilter("always")
+            _check_importance(
+                model,
+                data,
+                result.schedule,
+                result.params,
+                result.state.natural,
+                rng_key,
+                result.diagnostics,
+            )
+        caught.extend(late)
     if check and result.schedule.objective.sampled_gradients and result.converged:
         caught.extend(_check_estimator_fixed_point(model, data, result, options))
     _warn_at_caller(caught)
@@ -481,9 +498,12 @@ def _fit_once(
     init_strategy,
     em,
     check,
+    importance: bool = True,
     **planner_options,
 ) -> FitResult:
-    """One fit: :func:`fit` without its refit of coupled latents."""
+    """One fit: :func:`fit` without its refit of coupled latents. ``importance=False``:
+    the after-fit checks (``check``) without the importance check, which :func:`fit`
+    runs on the fit it keeps (:func:`_check_importance`)."""
     schedule = plan(
         model,
         data,
@@ -653,6 +673,7 @@ def _fit_once(
         trace,
         rng_key,
         check,
+        importance,
     )
 
 
@@ -701,12 +722,16 @@ def _finished(
     em,
     rng_key,
     check,
+    importance=True,
 ) -> FitResult:
     """The :class:`FitResult` of a finished run: q per site, and the after-fit checks of
-    q (``check``) into ``diagnostics``."""
+    q (``check``; without the importance check unless ``importance``) into
+    ``diagnostics``."""
     posterior = posterior_of(schedule, state)
     if check:
-        _check_q(model, data, schedule, posterior, params, state.natural, rng_key, diagnostics)
+        _check_q(model, data, schedule, posterior, params, diagnostics)
+        if importance:
+            _check_importance(model, data, schedule, params, state.natural, rng_key, diagnostics)
     return FitResult(
         posterior=LeafExplainingDict(posterior, schedule.leaves),
         elbo=elbos,
@@ -727,15 +752,24 @@ def _finished(
     )
 
 
-def _check_q(model, data, schedule, posterior, params, natural, rng_key, diagnostics):
-    """The after-fit checks of q against the posterior (``fit``'s ``check``), into
-    ``diagnostics``, with their warnings. Only where the posterior is q's target: the
-    beta-ELBO and DLM aim elsewhere by design (a tempered or loss-calibrated q)."""
+def _check_q(model, data, schedule, posterior, params, diagnostics):
+    """The coupling check of q against the posterior (``fit``'s ``check``; the importance
+    check is :func:`_check_importance`), into ``diagnostics``, with its warnings. Only where
+    the posterior is q's target: the beta-ELBO and DLM aim elsewhere by design (a tempered
+    or loss-calibrated q)."""
     if not schedule.objective.is_elbo:
         return
     fitted = schedule.fitted_model or model  # without the leaves q does not hold
     diagnostics.couplings = mean_field_couplings(fitted, data or {}, schedule, posterior, params)
     warn_mean_field_coupling(diagnostics.couplings)
+
+
+def _check_importance(model, data, schedule, params, natural, rng_key, diagnostics):
+    """The importance check of q (``fit``'s ``check``; :mod:`autocvi.infer.importance`)
+    into ``diagnostics``, with its warning; ELBO only, as :func:`_check_q`."""
+    if not schedule.objective.is_elbo:
+        return
+    fitted = schedule.fitted_model or model
     key = jax.random.fold_in(rng_key, _IMPORTANCE_KEY)
     diagnostics.importance = check_importance(
         fitted, data or {}, schedule, _guide_of(schedule), natural, params, key
