@@ -42,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import warnings
 from dataclasses import dataclass
 
 import jax
@@ -334,8 +333,7 @@ def _coupled_hyperparameters(
 
 
 def choose_start(model, data: dict, graph: FactorGraph, groups: list[JointGroup]):
-    """Where the joint groups' Gaussians start: ``(values, why, prior draws)`` (the 15
-    draws, for :func:`precondition_groups`).
+    """Where the joint groups' Gaussians start: ``(values, why)``.
 
     The candidate with the highest log density of the model among: NumPyro's
     ``init_to_median`` (the autoguides' default), the 15 prior draws that median
@@ -377,56 +375,16 @@ def choose_start(model, data: dict, graph: FactorGraph, groups: list[JointGroup]
         values = np.array([_log_density_or_nan(model, data, c) for c in candidates])
     values = np.where(np.isfinite(values), values, -np.inf)
     best = int(np.argmax(values))
-    return candidates[best], labelled[best][0], prior[1:]
-
-
-def _prior_precision(group: JointGroup, draws: list[dict]) -> np.ndarray:
-    """Per coordinate of ``group``'s vector, 1 / the prior's variance there: the robust
-    spread (1.4826 x the median absolute deviation) of the prior ``draws``' unconstrained
-    coordinates; 0 where fewer than 5 draws are finite or they do not spread (a flat
-    prior), or the draws do not hold the site (one drawn inside a ``scan``)."""
-    if not draws or group.affine is not None:
-        return np.zeros(group.dim)
-    parts = []
-    for m in group.members:
-        try:
-            v = np.stack([np.asarray(d[m.name], np.float64) for d in draws])
-            u = v if m.transform is None else np.asarray(m.transform.inv(v), np.float64)
-            parts.append(u.reshape(len(draws), m.size))
-        except (KeyError, ValueError):  # a site the draws do not hold (inside a scan): none
-            parts.append(np.full((len(draws), m.size), np.nan))
-    coords = np.concatenate(parts, axis=1)
-    finite = np.isfinite(coords)
-    coords = np.where(finite, coords, np.nan)
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a column of NaN: handled below
-        centre = np.nanmedian(coords, axis=0)
-        spread = 1.4826 * np.nanmedian(np.abs(coords - centre), axis=0)
-    ok = (finite.sum(axis=0) >= 5) & np.isfinite(spread) & (spread > 0)
-    return np.where(ok, 1.0 / np.where(ok, spread, 1.0) ** 2, 0.0)
+    return candidates[best], labelled[best][0]
 
 
 def precondition_groups(
-    model,
-    data: dict,
-    groups: list[JointGroup],
-    start: dict,
-    minibatched: bool = False,
-    prior_draws: list[dict] | None = None,
+    model, data: dict, groups: list[JointGroup], start: dict, minibatched: bool = False
 ) -> list:
     """``groups``, each with affine coordinates (:mod:`autocvi.analysis.precondition`)
     when its curvature at ``start`` is too ill-conditioned for the working precision:
     centred on the log joint's mode (Newton steps), whitened there. The members'
     values at the new centre are ``group.values(zeros)``.
-
-    ``prior_draws`` (:func:`choose_start`'s): the curvature that decides and whitens is
-    the log joint's plus the prior's own precision per coordinate (its draws' spread). A
-    direction the log joint barely bends at the start is the long tail of a skewed
-    posterior, not a precise one, and is as wide as the prior at most: the empty
-    component's weight of a ``Dirichlet(0.2)`` mixture (its logit's curvature 1e-7 of the
-    largest) made float32's condition test fire, and whitening started q with sd 3,000
-    on that logit, where every Monte Carlo message overflowed and q never moved. The
-    sum changes the coordinates and the start only, never q's fixed point.
 
     ``minibatched``: the model has subsampled plates, and every group is centred and
     whitened so. A damped natural-gradient step from a start far from the data, its
@@ -448,8 +406,7 @@ def precondition_groups(
         except Exception:  # noqa: BLE001 - a model jax cannot differentiate twice: as it was
             out.append(g)
             continue
-        prior = np.diag(_prior_precision(g, prior_draws or []))
-        needed, condition = needs_preconditioning(h + prior, jnp.result_type(z0))
+        needed, condition = needs_preconditioning(h, jnp.result_type(z0))
         if not (needed or minibatched):
             out.append(g)
             continue
@@ -457,7 +414,7 @@ def precondition_groups(
         if not np.all(np.isfinite(h)):  # no mode found: as it was
             out.append(g)
             continue
-        affine = whitening_affine(h + prior, centre, condition, ill_conditioned=needed)
+        affine = whitening_affine(h, centre, condition, ill_conditioned=needed)
         out.append(dataclasses.replace(g, affine=affine))
     return out
 

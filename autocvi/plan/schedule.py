@@ -418,9 +418,9 @@ def plan(
             schedule.user_graph = user_graph
         schedule.leaves, schedule.fitted_model = leaves, fitted_model
         return schedule
-    start, prior_draws = graph.example_values, None
+    start = graph.example_values
     if init_strategy is None:  # the user's strategy is followed as given
-        start, why, prior_draws = choose_start(model, data, graph, groups)
+        start, why = choose_start(model, data, graph, groups)
         notes = [
             *notes,
             f"joint groups start at {why}: the highest log density of 18 candidates (the "
@@ -441,8 +441,7 @@ def plan(
     minibatched = schedule.objective.is_elbo and any(
         f.subsampled for f in schedule.factors.values()
     )
-    conditioned = precondition_groups(model, data, free, start, minibatched, prior_draws)
-    conditioned = {g.name: g for g in conditioned}
+    conditioned = {g.name: g for g in precondition_groups(model, data, free, start, minibatched)}
     chosen = [conditioned.get(g.name, g) for g in groups]
     if any(g.affine is not None for g in chosen):
         moved = dict(start)
