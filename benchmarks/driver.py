@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 import warnings
 from collections import namedtuple
@@ -261,6 +262,22 @@ def timed(fn, repeats):
         out = fn()
         times.append(time.perf_counter() - t)
     return times, out
+
+
+def in_fresh_process(module: str, function: str, *args, timeout: float = 900.0):
+    """``module.function(*args)`` in a fresh Python process (the cores this one is pinned
+    to): a cold call, with none of this process's compiled programs or JAX caches, as a
+    user's first call in a new session is. Arguments and result are JSON."""
+    code = (
+        "import json, sys; from importlib import import_module; "
+        f"f = getattr(import_module({module!r}), {function!r}); "
+        "print('\\n' + json.dumps(f(*json.loads(sys.argv[1]))))"
+    )
+    cmd = [sys.executable, "-c", code, json.dumps(args)]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"{module}.{function}{args} failed: {p.stderr.strip()[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def optimised(call, fast, seconds=300.0) -> bool:
