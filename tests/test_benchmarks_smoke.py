@@ -87,3 +87,21 @@ def test_gp_hyperparameter_grid_reaches_fits_elbo_at_each_kernel():
         assert abs(elbos[g] - float(fit.elbo[-1])) <= 1e-6 * abs(elbos[g]) + 1e-6, point
         _, metric = problem(Xtr, ytr, Xte, yte, *point)
         assert abs(losses[g] - float(metric(fit.posterior))) <= 1e-4, point
+
+
+def test_a_function_runs_cold_in_a_fresh_process():
+    """``driver.in_fresh_process`` (the cold runs of ``svgp_banana``): the call runs in
+    another process, from a fresh interpreter (no module this process imported), and
+    returns the function's JSON result; a failure names the call."""
+    import os
+
+    from benchmarks import driver as D
+
+    assert D.in_fresh_process("math", "hypot", 3.0, 4.0) == 5.0
+    assert D.in_fresh_process("os", "getpid") != os.getpid()
+    # nothing this process imported: a fresh interpreter, not a fork
+    assert "benchmarks.driver" not in D.in_fresh_process(
+        "builtins", "eval", "list(__import__('sys').modules)"
+    )
+    with pytest.raises(RuntimeError, match="math.sqrt"):
+        D.in_fresh_process("math", "sqrt", "not a number")
