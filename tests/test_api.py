@@ -374,6 +374,38 @@ def test_gp_kernel_inputs_are_data_inputs_too(monkeypatch):
         np.testing.assert_allclose(run.elbo[-1], fresh.elbo_final, rtol=1e-8)
 
 
+def test_a_posterior_on_new_data_is_built_without_tracing_again(monkeypatch):
+    """``get_posterior`` keeps one compiled builder per plan, the data (the GP's kernel
+    factor) its inputs: after new data of the same shapes it builds q without tracing the
+    builder again, and each state's q is its own data's (oracle: a fresh ``fit``)."""
+    import importlib
+
+    cvi_module = importlib.import_module("autocvi.infer.cvi")
+    fit_module = importlib.import_module("autocvi.infer.fit")  # not the function fit
+
+    rng = np.random.RandomState(3)
+    X1, X2 = rng.randn(30, 2), rng.randn(30, 2)
+    y1, y2 = (X1[:, 0] > 0).astype(float), (X2[:, 1] > 0).astype(float)
+    cvi = autocvi.CVI(gp_classifier)
+    first = cvi.run(jax.random.PRNGKey(0), 100, X1, y=y1)
+    q1 = cvi.get_posterior(first.state)["f"]
+    traced = []
+    build = fit_module._checked_posterior_of
+    for module in (fit_module, cvi_module):  # wherever a builder is traced from
+        monkeypatch.setattr(
+            module, "_checked_posterior_of", lambda *a: traced.append(1) or build(*a), raising=False
+        )
+    second = cvi.run(jax.random.PRNGKey(0), 100, X2, y=y2)
+    q2 = cvi.get_posterior(second.state)["f"]
+    q1_again = cvi.get_posterior(first.state)["f"]
+    assert traced == []
+    monkeypatch.undo()
+    np.testing.assert_array_equal(q1_again.covariance_matrix, q1.covariance_matrix)
+    fresh = autocvi.fit(gp_classifier, {"X": X2, "y": y2}, progress_bar=False).posterior["f"]
+    np.testing.assert_allclose(q2.mean, fresh.mean, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(q2.covariance_matrix, fresh.covariance_matrix, rtol=1e-6, atol=1e-9)
+
+
 def missing_response_regression(X, y=None, observed=None):
     """Missing responses as users impute them: ``obs_mask`` (NumPyro adds the latent
     ``y_unobserved`` for the masked entries)."""

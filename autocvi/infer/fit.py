@@ -1501,14 +1501,22 @@ def _full_plate_layout(lay, node):
     return dataclasses.replace(lay, shape=tuple(shape), family_shape=tuple(family_shape))
 
 
-def posterior_of(schedule: Schedule, state) -> dict:
+def posterior_program(schedule: Schedule):
+    """``natural -> (posterior, ok)`` as one compiled program (:func:`posterior_of`'s),
+    traced on its first call: a caller that keeps it (``CVI`` keeps one per plan) builds
+    later posteriors without tracing again."""
+    return structural_jit(lambda natural: _checked_posterior_of(schedule, natural), runs_once=True)
+
+
+def posterior_of(schedule: Schedule, state, program=None) -> dict:
     """q per latent site of the user's model (joint groups split into their members).
 
     Built by one compiled program (numpyro Distributions are pytrees): built
     eagerly, each Cholesky, solve and reshape compiles on its own, seconds of a
     cold fit. Where that program cannot be built (a structured ``BlockPosterior``)
     or a parameter is not finite (an ill-conditioned q: the eager build raises the
-    error that names the site), the eager build runs.
+    error that names the site), the eager build runs. ``program``: a kept
+    :func:`posterior_program` of ``schedule`` (else one is traced for this call).
     """
     out, ok = None, False
     # A block above the dense limit answers with a structured BlockPosterior: eager.
@@ -1518,9 +1526,7 @@ def posterior_of(schedule: Schedule, state) -> dict:
             # its constant masks computed eagerly (half a second of small compiles on a
             # cold fit) and nothing checkable on tracers; ``ok`` makes the check instead.
             with numpyro.validation_enabled(False):
-                out, ok = structural_jit(
-                    lambda natural: _checked_posterior_of(schedule, natural), runs_once=True
-                )(state.natural)
+                out, ok = (program or posterior_program(schedule))(state.natural)
             out = {k: _default_validation(d) for k, d in out.items()}
         except Exception:  # noqa: BLE001 - not a pytree of arrays: built eagerly below
             out, ok = None, False
