@@ -57,10 +57,9 @@ def test_log_loss(K, Kst, kss, y_test, mean, cov):
 
 def grid_fits(cvi, y, args, max_steps):
     """(ELBO, iterations, test log-loss, seconds) at every kernel of ``args`` (training
-    labels ``y``), each fit by
-    ``cvi.run`` to autocvi's stopping rule. Every kernel after the first is new data of the
-    same shapes: ``CVI`` reads a Gaussian prior's Cholesky factor as an input, so it neither
-    plans nor compiles again (docs/compilation.md)."""
+    labels ``y``), each fit by ``cvi.run`` to autocvi's stopping rule. Every kernel after
+    the first is new data of the same shapes: ``CVI`` reads a Gaussian prior's Cholesky
+    factor as an input, so it neither plans nor compiles again (docs/compilation.md)."""
     out = []
     for g, (K, Kst, kss, y_test) in enumerate(zip(*args)):
         t = time.perf_counter()
