@@ -36,6 +36,8 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
+from . import flat_draws
+
 __all__ = [
     "structural_jit",
     "clear_program_cache",
@@ -177,7 +179,7 @@ def _program(key, jaxpr) -> Callable:
     _STATS["misses"] += 1
 
     def evaluate(consts, leaves):
-        return jcore.jaxpr_as_fun(jcore.ClosedJaxpr(jaxpr, consts))(*leaves)
+        return flat_draws.evaluate(jaxpr, consts, leaves)
 
     if key[0]:
         program = jax.jit(evaluate, compiler_options=_supported(RUNS_ONCE_OPTIONS))
