@@ -1,6 +1,10 @@
 """Exact verdicts of the conjugacy classifier (autocvi.conjugacy) per (factor, latent) edge."""
 
 import dataclasses
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -982,3 +986,62 @@ def test_an_implicitly_broadcast_predictor_stays_on_its_row():
 
     verdict = analyse_function(fn, {"u": rng.normal(size=5)}, "u", "MultivariateNormal")
     assert verdict.conjugate, verdict.reason
+
+
+# --- products whose degree grows with every step -------------------------------------
+
+
+def _epidemic(days):
+    """A discrete-time SIR model's daily new infections (the zoo's ``sir_epidemic_scan``):
+    the scan's carry is a polynomial of degree 2^t in beta after t days."""
+    counts = jnp.asarray(RNG.poisson(10.0, size=days) * 1.0)
+
+    def site_fn(v):
+        def day(carry, _):
+            susceptible, infected = carry
+            new = v["beta"] * susceptible * infected / 1000.0
+            return (susceptible - new, infected + new - v["gamma"] * infected), new
+
+        _, new = jax.lax.scan(day, (995.0, 5.0), None, length=days)
+        return dist.Poisson(new + 1e-3), counts
+
+    return site_fn
+
+
+EPIDEMIC_VALUES = {"beta": jnp.asarray(0.5), "gamma": jnp.asarray(0.2)}
+
+
+def test_a_product_past_the_algebras_size_is_not_tracked_and_says_why():
+    """Session 42's probe: tracing an SIR model of 30 days never returned (38 s at 16 days,
+    doubling with each day). A product of more than 64 powers of the target is an opaque
+    value naming the product; short polynomials are still tracked exactly."""
+    v = classify_edge(_epidemic(12), EPIDEMIC_VALUES, "beta", "Normal", site_name="y")
+    assert not v.conjugate and "more than 64 powers of beta" in v.reason, v.reason
+    assert "(a product whose degree in beta grows at every step" in v.reason
+    # six steps reach degree 2^6 = 64, one term short of the limit: a polynomial, tracked
+    v = classify_edge(_epidemic(3), EPIDEMIC_VALUES, "beta", "Normal", site_name="y")
+    assert not v.conjugate and "more than 64 powers" not in v.reason, v.reason
+
+
+EPIDEMIC_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {tests!r})
+    import jax.numpy as jnp
+    from test_conjugacy_interpreter import EPIDEMIC_VALUES, _epidemic
+    from autocvi.analysis.conjugacy import classify_edge
+    v = classify_edge(_epidemic(30), EPIDEMIC_VALUES, "gamma", "Normal", site_name="y")
+    print("conjugate", v.conjugate)
+    """
+)
+
+
+def test_an_epidemic_of_thirty_days_is_classified_at_all():
+    """The same at the probe's 30 days, in a subprocess with a time limit: a hang fails the
+    test instead of stalling the run (before the limit it took hours)."""
+    script = EPIDEMIC_SCRIPT.format(tests=str(Path(__file__).parent))
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "conjugate False" in out.stdout

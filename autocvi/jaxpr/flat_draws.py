@@ -120,4 +120,5 @@ def _rewrite_param(value: Any, memo) -> Any:
 
 
 def _spec(aval):
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype)
+    # weak types kept: a loop's carry must come out of the body as it went in
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=getattr(aval, "weak_type", False))

@@ -226,4 +226,5 @@ ZOO = [
     "binomial_logit_groups",
     "mixture_empty_component",
     "normal_mixture_assignments",
+    "sir_epidemic_scan",
 ]

@@ -642,6 +642,35 @@ def china_smoking_meta():
 # Time series
 
 
+def sir_epidemic_scan():
+    """A discrete-time SIR epidemic in ``lax.scan``, simulated: 1,000 people, 5 infected on
+    day 0, beta = 0.5, gamma = 0.2, Poisson counts of new infections over 30 days (seed
+    144). The scan's carry (S, I) is a polynomial of degree 2^t in beta after t days."""
+    rs = np.random.default_rng(144)
+    susceptible, infected, new = 995.0, 5.0, []
+    for _ in range(30):
+        n = 0.5 * susceptible * infected / 1000.0
+        susceptible, infected = susceptible - n, infected + n - 0.2 * infected
+        new.append(n)
+    y = rs.poisson(np.array(new)).astype(float)
+
+    def model(T, y=None):
+        beta = numpyro.sample("beta", dist.LogNormal(-1.0, 0.5))
+        gamma = numpyro.sample("gamma", dist.LogNormal(-1.5, 0.5))
+
+        def day(carry, _):
+            susceptible, infected = carry
+            new = beta * susceptible * infected / 1000.0
+            return (susceptible - new, infected + new - gamma * infected), new
+
+        _, new = lax.scan(day, (995.0, 5.0), None, length=T)
+        with numpyro.plate("days", T):
+            # a prior draw of beta can empty S and turn the count negative
+            numpyro.sample("y", dist.Poisson(jnp.maximum(new, 0.0) + 1e-3), obs=y)
+
+    return model, {"T": 30, "y": y}
+
+
 def ar2_sunspots():
     """AR(2) with a constant, yearly sunspots 1700-2008 (statsmodels sunspots,
     standardised), T=309; conditional likelihood of y[2:] written as a
@@ -1287,6 +1316,7 @@ MODELS = {
     "censored_weibull": censored_weibull,
     "random_slopes_lkj": random_slopes_lkj,
     "binomial_logit_groups": binomial_logit_groups,
+    "sir_epidemic_scan": sir_epidemic_scan,
 }
 
 # Models SVI runs instead of the zoo model as written, with no data: f(data) -> model.
@@ -1322,6 +1352,7 @@ CATEGORY = {
     "conjugate_hierarchy": "hierarchical",
     "china_smoking_meta": "hierarchical",
     "ar2_sunspots": "time-series",
+    "sir_epidemic_scan": "time-series",
     "stochastic_volatility": "time-series",
     "garch11": "time-series",
     "gp_classification_ionosphere": "gp",

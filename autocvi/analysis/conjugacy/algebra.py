@@ -44,6 +44,13 @@ __all__ = [
 
 MAX_EXPAND = 8  # largest integer power expanded by multiplication
 MAX_PIECES = 32  # largest number of distinct exponents handled elementwise
+# Largest number of monomials a product keeps. A conjugate factor has a handful (a
+# Normal's z and z^2, a Gamma's z and log z); a product of products can double its
+# degree at every step: a discrete-time SIR model in ``lax.scan`` (beta * S * I with S
+# and I polynomials in beta) reached degree 2^t after t days, and tracing it took 38 s
+# at 16 days and hours at 30. Past this many terms the value is not representable (an
+# Opaque naming the product): the edge is classified non-conjugate, with that reason.
+MAX_TERMS = 64
 
 
 def _pw(x) -> float:
@@ -351,6 +358,8 @@ def mul(ctx: Ctx, a, b, shape) -> Poly | None:
     if not isinstance(b, Poly):
         return scale(ctx, broadcast(a, shape), b)
     pa, pb = broadcast(a, shape), broadcast(b, shape)
+    if product_size(pa, pb) > MAX_TERMS:
+        return None
     out: dict[Mono, Term] = {}
     for m1, t1 in pa.terms.items():
         for m2, t2 in pb.terms.items():
@@ -385,6 +394,16 @@ def mul(ctx: Ctx, a, b, shape) -> Poly | None:
                 m = Mono(ind=True, cross=m.cross)
             emit(ctx, out, m, Term(None) if cross else inexact(ctx, g))
     return Poly(_drop_zero(out), shape)
+
+
+def product_size(a, b) -> int:
+    """How many monomials ``a * b`` has (before any cancel), for two Polys; 0 otherwise.
+    Past ``MAX_TERMS**2`` pairs it says so without forming them."""
+    if not (isinstance(a, Poly) and isinstance(b, Poly)):
+        return 0
+    if len(a.terms) * len(b.terms) > MAX_TERMS**2:
+        return MAX_TERMS**2
+    return len({m1.times(m2) for m1 in a.terms for m2 in b.terms})
 
 
 def select(ctx: Ctx, pred: np.ndarray, cases: list, shape):
@@ -807,6 +826,9 @@ def describe(ctx: Ctx, a) -> str:
         return f"linear in (log {s}, log(1-{s}))"
     if len(monos) == 1:
         return mono_name(monos[0], s)
+    if len(monos) > 6:  # a long polynomial: its ends and its length
+        ends = (mono_name(monos[0], s), mono_name(monos[-1], s))
+        return f"{ends[0]} + ... + {ends[1]} ({len(monos)} terms)"
     return " + ".join(mono_name(m, s) for m in monos)
 
 

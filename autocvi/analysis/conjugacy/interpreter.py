@@ -574,8 +574,23 @@ def _cross_opaque(it, eqn, ins):
 @rule("mul")
 def r_mul(it, eqn, ins):
     shape = _aval_shape(eqn.outvars[0])
-    r = A.mul(it.ctx, it.arg(ins[0]), it.arg(ins[1]), shape)
+    a, b = it.arg(ins[0]), it.arg(ins[1])
+    r = A.mul(it.ctx, a, b, shape)
+    if r is None and A.product_size(a, b) > A.MAX_TERMS:
+        return [_too_many_terms(it, eqn, ins, a, b)]
     return [r if r is not None else _cross_opaque(it, eqn, ins)]
+
+
+def _too_many_terms(it, eqn, ins, a, b):
+    """A product past the algebra's size (a degree that doubles at every step of a scan's
+    carry): not tracked, and not a conjugate form of any family."""
+    s, n = it.ctx.name, A.MAX_TERMS
+    msg = (
+        f"`mul` multiplies {_phrase(A.describe(it.ctx, a))} by {_phrase(A.describe(it.ctx, b))}: "
+        f"more than {n} powers of {s}, not tracked (a product whose degree in {s} grows at "
+        "every step, as in a scan's carry)"
+    )
+    return it.new_opaque(eqn, ins, message=msg)
 
 
 @rule("div")
@@ -594,6 +609,8 @@ def r_div(it, eqn, ins):
         inner = A.describe(ctx, b)
         return [it.new_opaque(eqn, ins, message=f"`div` divides by {_phrase(inner)}")]
     r = A.mul(ctx, a, inv, shape)
+    if r is None and A.product_size(a, inv) > A.MAX_TERMS:
+        return [_too_many_terms(it, eqn, ins, a, inv)]
     return [r if r is not None else _cross_opaque(it, eqn, ins)]
 
 
