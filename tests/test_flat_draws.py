@@ -7,18 +7,21 @@ compiled program, none at all).
 """
 
 import collections
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro
-import numpyro.distributions as dist
 import pytest
 from jax.extend import core as jcore
 
 import autocvi
 from autocvi.engine.step import cvi
 from autocvi.jaxpr import flat_draws
+
+sys.path.insert(0, str(Path(__file__).parent))
+from zoo.models import small_negative_binomial_glm  # noqa: E402
 
 
 def _shaped_draws(jaxpr) -> collections.Counter:
@@ -108,21 +111,10 @@ def test_a_program_without_shaped_draws_is_evaluated_as_it_is():
     )
 
 
-def _negative_binomial_glm(X, y=None):
-    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
-    b = numpyro.sample("b", dist.Normal(0.0, 5.0))
-    phi = numpyro.sample("phi", dist.HalfNormal(5.0))
-    with numpyro.plate("n", X.shape[0]):
-        numpyro.sample("y", dist.NegativeBinomial2(jnp.exp(X @ w + b), phi), obs=y)
-
-
 def test_a_cvi_step_compiles_without_shaped_draws_and_steps_the_same():
     """A joint Gaussian's Monte Carlo draws (message, line search, ELBO) are (S, D)
     arrays: the step's program draws them flat, and its result is the same."""
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(40, 3))
-    data = {"X": X, "y": rng.poisson(3.0, size=40)}
-    algorithm = cvi(autocvi.plan(_negative_binomial_glm, data))
+    algorithm = cvi(autocvi.plan(*small_negative_binomial_glm()))
     state = jax.jit(algorithm.init)(jax.random.PRNGKey(0))
     leaves, tree = jax.tree.flatten(state)
     closed = jax.make_jaxpr(lambda *ls: algorithm.step(jax.tree.unflatten(tree, ls)))(*leaves)

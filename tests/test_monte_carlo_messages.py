@@ -6,6 +6,9 @@ Oracle: a linear regression with a latent noise scale, written as users write it
 the exact posterior mean and sd of (b, w) follow by quadrature over sigma.
 """
 
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -215,14 +218,6 @@ def test_a_messages_gradient_and_hessian_come_from_one_linearisation(family, sha
         assert _primitive_count(closed, "exp") == 1
 
 
-def _negative_binomial_glm(X, y=None):
-    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
-    b = numpyro.sample("b", dist.Normal(0.0, 5.0))
-    phi = numpyro.sample("phi", dist.HalfNormal(5.0))
-    with numpyro.plate("n", X.shape[0]):
-        numpyro.sample("y", dist.NegativeBinomial2(jnp.exp(X @ w + b), phi), obs=y)
-
-
 def test_the_step_holds_the_likelihood_once_per_use():
     """A joint Gaussian with a Monte Carlo message from a negative-binomial likelihood:
     the compiled step evaluates the likelihood three times, for the message (its gradient
@@ -231,10 +226,10 @@ def test_the_step_holds_the_likelihood_once_per_use():
     most of a first fit's wait."""
     from autocvi.engine.step import cvi
 
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(40, 3))
-    data = {"X": X, "y": rng.poisson(3.0, size=40)}
-    schedule = autocvi.plan(_negative_binomial_glm, data)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from zoo.models import small_negative_binomial_glm
+
+    schedule = autocvi.plan(*small_negative_binomial_glm())
     assert any(
         kind == "monte-carlo" for node in schedule.nodes.values() for _, kind in node.incoming
     )

@@ -1266,6 +1266,23 @@ def binomial_logit_groups():
     return model, {"n": n, "y": y}
 
 
+def small_negative_binomial_glm():
+    """A negative-binomial GLM on 40 simulated counts (3 features, a separate intercept, a
+    half-normal concentration): a joint Gaussian with a Monte Carlo message, small enough
+    for unit tests to trace its CVI step (not in ``MODELS``)."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 3))
+
+    def model(X, y=None):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+        b = numpyro.sample("b", dist.Normal(0.0, 5.0))
+        phi = numpyro.sample("phi", dist.HalfNormal(5.0))
+        with numpyro.plate("n", X.shape[0]):
+            numpyro.sample("y", dist.NegativeBinomial2(jnp.exp(X @ w + b), phi), obs=y)
+
+    return model, {"X": X, "y": rng.poisson(3.0, size=40)}
+
+
 MODELS = {
     "logistic_plate_intercept": logistic_plate_intercept,
     "poisson_glm": poisson_glm,
