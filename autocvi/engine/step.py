@@ -19,7 +19,6 @@ function meant to be ``jax.jit``-ed once.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
@@ -292,7 +291,10 @@ def cvi(schedule: Schedule) -> CVIAlgorithm:
             def f(x):
                 return expectation(fplan, tensor, drawn, fixed, s, {i: point_mass(lay, x, align)})
 
-            return _gradient_and_hessian(f, xs[s], lay, separable)
+            x = xs[s]
+            g = jax.grad(f)(x)
+            h = _hessian(f, x, lay, separable)
+            return g, h
 
         gs_, hs = jax.vmap(per_sample)(jnp.arange(num_samples))
         m = mus[i][0]
@@ -1486,39 +1488,34 @@ def _expected_hessian(lay, xs, m, precision, grads, hessians):
     return mean_h + precision * jnp.mean(d * (grads - mean_h * d), 0)
 
 
-def _gradient_and_hessian(f, x, lay, separable):
-    """``f``'s gradient at ``x`` and its per-element Hessian blocks in the family layout.
+def _hessian(f, x, lay, separable):
+    """Per-element Hessian blocks of ``f`` at ``x`` in the family layout.
 
-    Normal: the diagonal (shape of x). MVN: ``plate_shape + (D, D)``. One linearisation
-    of the gradient gives both: the gradient is its primal output and the Hessian's
-    columns are its tangents (Hessian-vector products), so the compiled step holds the
-    factor's gradient once, not once more beside its Hessian. When the factor is
-    separable over the node's element axes, products with broadcast basis vectors give
-    every block at once.
+    Normal: the diagonal (shape of x). MVN: ``plate_shape + (D, D)``. When the
+    factor is separable over the node's element axes, Hessian-vector products
+    with broadcast basis vectors give every block at once.
     """
     grad = jax.grad(f)
-    if lay.q_family == "Normal" and separable:
-        return jax.jvp(grad, (x,), (jnp.ones_like(x),))
-    g, hvp = jax.linearize(grad, x)
     if lay.q_family == "Normal":
+        if separable:
+            return jax.jvp(grad, (x,), (jnp.ones_like(x),))[1]
         n = x.size
-        basis = jnp.eye(n, dtype=x.dtype).reshape((n,) + x.shape)
-        full = jax.vmap(hvp)(basis).reshape(n, n)
-        return g, jnp.diagonal(full).reshape(x.shape)
+        full = jax.jacfwd(grad)(x).reshape(n, n)
+        return jnp.diagonal(full).reshape(x.shape)
     d = x.shape[-1]
     if x.ndim == 1:
-        return g, jax.vmap(hvp)(jnp.eye(d, dtype=x.dtype))
+        return jax.hessian(f)(x)
     if separable:
         eye = jnp.eye(d, dtype=x.dtype)
-        cols = jax.vmap(lambda e: hvp(jnp.broadcast_to(e, x.shape)))(eye)
-        return g, jnp.moveaxis(cols, 0, -1)
+        cols = jax.vmap(lambda e: jax.jvp(grad, (x,), (jnp.broadcast_to(e, x.shape),))[1])(eye)
+        return jnp.moveaxis(cols, 0, -1)
     n = x.size
-    basis = jnp.eye(n, dtype=x.dtype).reshape((n,) + x.shape)
-    full = jax.vmap(hvp)(basis).reshape(x.shape[:-1] + (d,) + x.shape[:-1] + (d,))
+    full = jax.jacfwd(grad)(x).reshape(x.shape[:-1] + (d,) + x.shape[:-1] + (d,))
     plates = x.shape[:-1]
-    flat = full.reshape(math.prod(plates), d, -1, d)
+    flat = full.reshape(int(jnp.prod(jnp.array(plates))), d, -1, d)
     idx = jnp.arange(flat.shape[0])
-    return g, flat[idx, :, idx, :].reshape(plates + (d, d))
+    del n
+    return flat[idx, :, idx, :].reshape(plates + (d, d))
 
 
 def _fisher_solve(fam, lam, g):
