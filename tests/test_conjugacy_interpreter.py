@@ -1018,6 +1018,8 @@ def test_a_product_past_the_algebras_size_is_not_tracked_and_says_why():
     v = classify_edge(_epidemic(12), EPIDEMIC_VALUES, "beta", "Normal", site_name="y")
     assert not v.conjugate and "more than 64 powers of beta" in v.reason, v.reason
     assert "(a product whose degree in beta grows at every step" in v.reason
+    assert " + ... + " in v.reason and " terms)" in v.reason  # long polynomials abbreviated
+    assert v.reason.startswith("`mul` makes a product of")
     # six steps reach degree 2^6 = 64, one term short of the limit: a polynomial, tracked
     v = classify_edge(_epidemic(3), EPIDEMIC_VALUES, "beta", "Normal", site_name="y")
     assert not v.conjugate and "more than 64 powers" not in v.reason, v.reason
