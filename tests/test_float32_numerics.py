@@ -92,6 +92,40 @@ def test_a_narrow_q_is_not_collapsed_and_a_degenerate_one_is(q_family):
     assert bool(collapsed(degenerate, q_family))
 
 
+def _group_intercepts_precision():
+    """A Poisson GLM's posterior precision over (b0, w, u): 3,000 counts near 1,100 in
+    10 groups, so ~3e5 along each ``b0 + u_g`` and ~10 across (float64), with its mean
+    and the predictors' rows."""
+    rng = np.random.default_rng(0)
+    g = rng.integers(0, 10, 3000)
+    X = rng.normal(size=(3000, 2))
+    A = np.column_stack([np.ones(3000), X, np.eye(10)[g]])
+    rate = np.exp(7.0 + 0.3 * rng.normal(size=10)[g] + X @ [0.1, -0.05])
+    precision = A.T @ (A * rate[:, None]) + np.diag([1e-2, 1.0, 1.0] + [11.0] * 10)
+    mean = np.r_[7.0, 0.1, -0.05, 0.3 * rng.normal(size=10)]
+    return precision, mean, A
+
+
+@pytest.mark.parametrize("xp", [jnp, np], ids=["jax", "numpy"])
+def test_the_predictors_of_an_ill_conditioned_q_are_read_from_its_natural_parameters(xp):
+    """Float32 natural parameters ``(P m, -P/2)`` of that q: each predictor's mean and
+    variance against float64 numpy on the same (rounded) parameters. ``inv(P) @ P m``
+    put the predictors' means 19 sd off (the inverse's rounding times entries of 2e7),
+    and the fit's line search refused every step as a loss."""
+    precision, mean, A = _group_intercepts_precision()
+    lam = (np.float32(precision @ mean), np.float32(-0.5 * precision))
+    exact_precision = -2.0 * np.float64(lam[1])
+    exact_cov = np.linalg.inv(exact_precision)
+    exact_mean = np.linalg.solve(exact_precision, np.float64(lam[0]))
+    m, cov = gaussian_moments(tuple(xp.asarray(x) for x in lam), "MultivariateNormal", xp)
+    assert m.dtype == cov.dtype == np.float32
+    m, cov = np.float64(m), np.float64(cov)
+    np.testing.assert_array_equal(cov, cov.T)
+    variance = np.einsum("ni,ij,nj->n", A, exact_cov, A)  # 2e-6 to 9e-6
+    assert np.max(np.abs(A @ (m - exact_mean)) / np.sqrt(variance)) < 0.01
+    assert np.max(np.abs(np.einsum("ni,ij,nj->n", A, cov, A) / variance - 1)) < 0.01
+
+
 def test_a_negative_binomial_glm_of_large_counts_fits_in_float32():
     """The same counts with a dispersion (a joint Gaussian over b0, w and log phi, Monte
     Carlo messages, line-searched): every step was refused as collapsed and the fit

@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from numpyro import distributions as dist
 
+from . import mvnormal
 from .base import Family, unwrap_distribution
 from .bernoulli import Bernoulli
 from .beta import Beta
@@ -108,9 +109,9 @@ def gaussian_moments(lam, q_family: str, xp=jnp):
     counts near 400 came out with variance 0 or negative)."""
     eta1, eta2 = lam
     if q_family == "MultivariateNormal":
-        cov = xp.linalg.inv(-(eta2 + xp.swapaxes(eta2, -1, -2)))
-        cov = 0.5 * (cov + xp.swapaxes(cov, -1, -2))
-        return xp.einsum("...ij,...j->...i", cov, eta1), cov
+        # (mvnormal.precision_to_moments: not inv(P), whose error in float32 exceeds a
+        # well-determined direction's variance)
+        return mvnormal.precision_to_moments(eta1, -(eta2 + xp.swapaxes(eta2, -1, -2)), xp)
     var = -0.5 / eta2
     return eta1 * var, var
 

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..families import gaussian_moments
 from ..jaxpr import structural_jit
 
 __all__ = ["GradientState", "check_trainable", "init", "chunk_runner", "CHUNK"]
@@ -88,10 +89,8 @@ def scale_of(family: str, lam):
     if family == "Normal":
         var = -0.5 / lam[1]
         return lam[0] * var, 0.5 * jnp.log(var)
-    cov = jnp.linalg.inv(-2.0 * lam[1])
-    cov = 0.5 * (cov + jnp.swapaxes(cov, -1, -2))
+    mean, cov = gaussian_moments(lam, family)
     tril = jnp.linalg.cholesky(cov)
-    mean = jnp.einsum("...ij,...j->...i", cov, lam[0])
     diag = jnp.diagonal(tril, axis1=-2, axis2=-1)
     return mean, _with_diagonal(tril, jnp.log(diag))
 
