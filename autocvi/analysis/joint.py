@@ -69,6 +69,7 @@ from .precondition import (
     mean_resolution,
     needs_preconditioning,
     newton_centre,
+    newton_mode,
     resolution_checked,
     whitening_affine,
 )
@@ -416,40 +417,23 @@ def precondition_groups(
         if not (needed or minibatched or resolution_checked(dtype)):
             out.append(g)
             continue
+        resolution = None
         if needed or minibatched:
             centre, h = newton_centre(quadratic, z0)
-        else:  # (the resolution check: to the mode itself)
-            centre, h = newton_centre(
+        else:  # the resolution check: at the mode itself, if the steps settle there
+            centre, h, settled = newton_mode(
                 quadratic, z0, RESOLUTION_NEWTON_STEPS, RESOLUTION_NEWTON_HALVINGS
             )
-        if not np.all(np.isfinite(h)):  # no mode found: as it was
-            out.append(g)
-            continue
-        resolution = None
-        if not (needed or minibatched):
-            resolution = _resolution_at_mode(quadratic, centre, h, dtype)
+            resolution = mean_resolution(h, centre, dtype) if settled else float("nan")
             if not resolution > RESOLUTION_TOLERANCE:
                 out.append(g)
                 continue
+        if not np.all(np.isfinite(h)):  # no mode found: as it was
+            out.append(g)
+            continue
         affine = whitening_affine(h, centre, condition, needed, resolution)
         out.append(dataclasses.replace(g, affine=affine))
     return out
-
-
-def _resolution_at_mode(quadratic, centre, neg_hessian, dtype) -> float:
-    """:func:`~autocvi.analysis.precondition.mean_resolution` at ``centre`` if the Newton
-    steps reached a mode there (a Newton step would gain under a nat), else NaN: a
-    centre still moving (a hierarchy's funnel, whose log joint rises without bound as
-    its scale shrinks) is not where q will be."""
-    grad = np.asarray(quadratic(jnp.asarray(centre, dtype))[1], np.float64)
-    h = 0.5 * (neg_hessian + neg_hessian.T)
-    try:
-        rise = 0.5 * float(grad @ np.linalg.solve(h, grad))
-    except np.linalg.LinAlgError:
-        return float("nan")
-    if not 0.0 <= rise < 1.0:
-        return float("nan")
-    return mean_resolution(h, centre, dtype)
 
 
 def describe_affine(group: JointGroup) -> str:

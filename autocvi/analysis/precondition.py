@@ -48,6 +48,7 @@ __all__ = [
     "MAX_PRECONDITIONED_DIM",
     "local_quadratic",
     "newton_centre",
+    "newton_mode",
     "RESOLUTION_NEWTON_HALVINGS",
     "RESOLUTION_NEWTON_STEPS",
     "RESOLUTION_TOLERANCE",
@@ -127,10 +128,20 @@ def local_quadratic(log_joint):
 
 
 def newton_centre(quadratic, z0, steps: int = NEWTON_STEPS, halvings: int = 4):
-    """``(z, -Hessian at z)``: up to ``steps`` Newton steps from ``z0`` on the log joint,
-    each with the absolute eigenvalues of the curvature (so a non-concave start still
-    climbs) and halved up to ``halvings`` times until the log joint rises; the last
-    point that rose is kept.
+    """``(z, -Hessian at z)``: :func:`newton_mode` without whether it settled."""
+    z, h, _ = newton_mode(quadratic, z0, steps, halvings)
+    return z, h
+
+
+def newton_mode(quadratic, z0, steps: int = NEWTON_STEPS, halvings: int = 4):
+    """``(z, -Hessian at z, settled)``: up to ``steps`` Newton steps from ``z0`` on the
+    log joint, each with the absolute eigenvalues of the curvature (so a non-concave
+    start still climbs) and halved up to ``halvings`` times until the log joint rises;
+    the last point that rose is kept. ``settled``: the steps stopped before ``steps``
+    because the predicted rise was below a thousandth of a nat or no halving rose (in
+    float32 near a mode of large counts, the log joint's rounding); not where it rose
+    at every step (a hierarchy's funnel, whose log joint grows without bound as its
+    scale shrinks) or stopped at a value that is not finite.
 
     Why the centre moves: q's coordinates are ``zeta`` with ``z = centre + P zeta``, and
     the engine works with q's second moment ``m m^T + S``: when ``|m|`` is thousands
@@ -147,11 +158,11 @@ def newton_centre(quadratic, z0, steps: int = NEWTON_STEPS, halvings: int = 4):
     value, grad, h = at(z)
     for _ in range(steps):
         if not (np.isfinite(value) and np.all(np.isfinite(grad)) and np.all(np.isfinite(h))):
-            break
+            return z, h, False
         p = whitening_affine(h, z, 1.0).matrix
         step = p @ (p.T @ grad)
         if 0.5 * float(grad @ step) < _NEWTON_TOLERANCE:
-            break
+            return z, h, True
         for _ in range(halvings + 1):
             candidate = at(z + step)
             # a candidate whose curvature is not finite (a Gamma precision's Hessian
@@ -161,10 +172,10 @@ def newton_centre(quadratic, z0, steps: int = NEWTON_STEPS, halvings: int = 4):
                 break
             step = 0.5 * step
         else:
-            break
+            return z, h, True
         z = z + step
         value, grad, h = candidate
-    return z, h
+    return z, h, False
 
 
 def resolution_checked(dtype) -> bool:
