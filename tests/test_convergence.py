@@ -1,6 +1,8 @@
 """The stopping rules cannot pass on a transient, and a failed fit never says converged."""
 
+import sys
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +13,9 @@ import pytest
 
 import autocvi
 from autocvi.infer.convergence import BURN_IN, WINDOW, FitWarning, converged_now
+
+sys.path.insert(0, str(Path(__file__).parent))
+from zoo.models import group_intercepts_moments, poisson_group_intercepts  # noqa: E402
 
 
 def history(values):
@@ -234,34 +239,11 @@ def test_a_creeping_elbo_in_a_funnel_neck_is_not_convergence():
     assert not r.converged or abs(sigma - 0.213) < 0.03, (r.converged, sigma, r.num_steps)
 
 
-def _poisson_group_intercepts():
-    """A Poisson GLM with group intercepts and a half-normal scale, counts near 400: a
-    joint Gaussian with Monte Carlo messages (the scale), started far below the data."""
-    groups = 10
-
-    def model(g, X, y=None):
-        b0 = numpyro.sample("b0", dist.Normal(0, 10))
-        with numpyro.plate("features", X.shape[1]):
-            w = numpyro.sample("w", dist.Normal(0, 1))
-        s = numpyro.sample("s", dist.HalfNormal(1.0))
-        with numpyro.plate("groups", groups):
-            u = numpyro.sample("u", dist.Normal(0, s))
-        with numpyro.plate("data", X.shape[0]):
-            numpyro.sample("y", dist.Poisson(jnp.exp(b0 + u[g] + X @ w)), obs=y)
-
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(300, 2))
-    g = rng.integers(0, groups, size=300)
-    y = rng.poisson(np.exp(6.0 + 0.3 * rng.normal(size=groups)[g] + X @ np.array([0.1, -0.05])))
-    data = {"g": jnp.asarray(g), "X": jnp.asarray(X, jnp.float32), "y": jnp.asarray(y, jnp.float32)}
-    return model, data
-
-
 def _nuts_poisson_group_intercepts():  # pragma: no cover - regenerates POISSON_GROUPS_NUTS
     """NUTS's means and sds of (b0, w, s, u) (:func:`nuts_reference.nuts_samples`)."""
     from nuts_reference import nuts_samples
 
-    s = nuts_samples(_poisson_group_intercepts)
+    s = nuts_samples(lambda: poisson_group_intercepts(300, 6.0))
     draws = np.column_stack([s["b0"], s["w"], s["s"], s["u"]])
     return [round(float(v), 4) for v in draws.mean(0)], [round(float(v), 4) for v in draws.std(0)]
 
@@ -281,17 +263,10 @@ def test_a_start_far_below_the_counts_is_left_in_the_first_steps():
     overshoot the counts is near 1e-3, 10 halvings of 0.5 did not reach it, every step
     was refused and q never left its start (loud: "never changed from their initial
     values"). The first steps may halve 20 times."""
-    model, data = _poisson_group_intercepts()
+    model, data = poisson_group_intercepts(300, 6.0)
     result = autocvi.fit(model, data)
     assert result.converged
-    post = result.posterior
-    mean = np.r_[float(post["b0"].mean), post["w"].mean, float(post["s"].mean), post["u"].mean]
-    var = np.r_[
-        float(post["b0"].variance),
-        post["w"].variance,
-        float(post["s"].variance),
-        post["u"].variance,
-    ]
+    mean, var = group_intercepts_moments(result.posterior)
     ref_mean, ref_sd = (np.asarray(v) for v in POISSON_GROUPS_NUTS)
     assert np.max(np.abs(mean - ref_mean) / ref_sd) < 0.25
     # a Gaussian q on log s is narrower than s's skewed posterior: 0.85 of NUTS's sd

@@ -1283,6 +1283,41 @@ def small_negative_binomial_glm():
     return model, {"X": X, "y": rng.poisson(3.0, size=40)}
 
 
+def poisson_group_intercepts(n: int = 3000, log_rate: float = 7.0):
+    """A Poisson GLM with group intercepts and a half-normal group scale on ``n`` simulated
+    counts near ``exp(log_rate)`` in 10 groups, two covariates: large counts pin each
+    ``b0 + u_g`` far more tightly than ``b0`` against the ``u`` (not in ``MODELS``; the
+    float32 tests of ``tests/test_mean_resolution.py`` and ``tests/test_convergence.py``)."""
+    groups = 10
+
+    def model(g, X, y=None):
+        b0 = numpyro.sample("b0", dist.Normal(0, 10))
+        with numpyro.plate("features", X.shape[1]):
+            w = numpyro.sample("w", dist.Normal(0, 1))
+        s = numpyro.sample("s", dist.HalfNormal(1.0))
+        with numpyro.plate("groups", groups):
+            u = numpyro.sample("u", dist.Normal(0, s))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Poisson(jnp.exp(b0 + u[g] + X @ w)), obs=y)
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(n, 2))
+    g = rng.integers(0, groups, size=n)
+    effects = 0.3 * rng.normal(size=groups)
+    y = rng.poisson(np.exp(log_rate + effects[g] + X @ np.array([0.1, -0.05])))
+    data = {"g": jnp.asarray(g), "X": jnp.asarray(X, jnp.float32), "y": jnp.asarray(y, jnp.float32)}
+    return model, data
+
+
+def group_intercepts_moments(posterior):
+    """Means and variances of (b0, w[0], w[1], s, u[0..9]) in a fit's ``posterior`` of
+    :func:`poisson_group_intercepts` (the order of the tests' NUTS references)."""
+    names = ("b0", "w", "s", "u")
+    mean = np.concatenate([np.ravel(np.asarray(posterior[n].mean)) for n in names])
+    var = np.concatenate([np.ravel(np.asarray(posterior[n].variance)) for n in names])
+    return mean, var
+
+
 MODELS = {
     "logistic_plate_intercept": logistic_plate_intercept,
     "poisson_glm": poisson_glm,
