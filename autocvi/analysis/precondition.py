@@ -210,8 +210,9 @@ def mean_resolution(neg_hessian: np.ndarray, centre: np.ndarray, dtype) -> float
     Large where the data pin a sum of coordinates far more tightly than its parts and the
     mean is far from 0: a Poisson GLM's intercept and group effects at 3,000 counts near
     1,100 have ``P`` ~ 3e5 along each ``b0 + u_g``, ~10 across, and ``eta1`` ~ 2.4e7, so
-    float32 holds the mean across to ~0.28 sd; the float32 fit ended 0.6-1.3 sd from
-    NUTS on b0, converged and unwarned (float64: 0.07). Its condition number (~3e4) is
+    float32 holds the mean across to ~0.28 sd; with q's moments read exactly but in the
+    start's coordinates, the float32 fit ended 0.4-1.1 sd from NUTS on b0 and the u,
+    converged and unwarned (float64: 0.01). Its condition number (~3e4) is
     below :data:`CONDITION_TOLERANCE`'s: it is the mean's magnitude that is too large.
     """
     h = 0.5 * (neg_hessian + neg_hessian.T)
