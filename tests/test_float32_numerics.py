@@ -126,6 +126,21 @@ def test_the_predictors_of_an_ill_conditioned_q_are_read_from_its_natural_parame
     assert np.max(np.abs(np.einsum("ni,ij,nj->n", A, cov, A) / variance - 1)) < 0.01
 
 
+def test_gradient_trainings_mean_of_an_ill_conditioned_q_is_read_exactly():
+    """``optimizer=`` fits start from q's mean and Cholesky factor
+    (``gradient_training.scale_of``): it read the mean as ``inv(P) @ P m`` too, 19 sd
+    off along the predictors of the q above."""
+    from autocvi.infer.gradient_training import scale_of
+
+    precision, mean, A = _group_intercepts_precision()
+    lam = (jnp.asarray(np.float32(precision @ mean)), jnp.asarray(np.float32(-0.5 * precision)))
+    exact_precision = -2.0 * np.float64(lam[1])
+    exact_mean = np.linalg.solve(exact_precision, np.float64(lam[0]))
+    sd = np.sqrt(np.einsum("ni,ij,nj->n", A, np.linalg.inv(exact_precision), A))
+    m, _ = scale_of("MultivariateNormal", lam)
+    assert np.max(np.abs(A @ (np.float64(m) - exact_mean)) / sd) < 0.01
+
+
 def test_a_negative_binomial_glm_of_large_counts_fits_in_float32():
     """The same counts with a dispersion (a joint Gaussian over b0, w and log phi, Monte
     Carlo messages, line-searched): every step was refused as collapsed and the fit
