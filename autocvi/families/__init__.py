@@ -109,8 +109,8 @@ def gaussian_moments(lam, q_family: str, xp=jnp):
     counts near 400 came out with variance 0 or negative)."""
     eta1, eta2 = lam
     if q_family == "MultivariateNormal":
-        # (mvnormal.precision_to_moments: not inv(P), whose error in float32 exceeds a
-        # well-determined direction's variance)
+        # (mvnormal.precision_to_moments: not inv(P) @ P m, whose float32 rounding times
+        # P m put a Poisson GLM's predictor means 19 sd off)
         return mvnormal.precision_to_moments(eta1, -(eta2 + xp.swapaxes(eta2, -1, -2)), xp)
     var = -0.5 / eta2
     return eta1 * var, var

@@ -50,7 +50,7 @@ def precision_to_moments(eta1, prec, xp=jnp):
     the triangular inverse with itself. Not ``inv(P) @ eta1``: ``eta1`` is large where
     ``P`` is (``P m``), and the inverse's rounding, about ``eps cond(P)`` of its largest
     entries, multiplies it. A Poisson GLM with group intercepts (3,000 counts near
-    1,100: ``P`` ~ 3e5 along ``b0 + u_g``, ~1 across) read its predictors' means 19 sd
+    1,100: ``P`` ~ 3e5 along ``b0 + u_g``, ~10 across) read its predictors' means 19 sd
     off in float32: every line-search candidate's ELBO was noise (-3e4, -9e28, -6e5 for
     nearby step sizes), every step was refused and q stopped 8,000 nats below the
     float64 fit."""
